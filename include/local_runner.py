@@ -1,0 +1,90 @@
+"""Run stages with spark-submit on this machine (target: local).
+
+`python -m include.local_runner` runs the preprocessing and training stages in order on a
+corpus and prints where the outputs are; the DAG uses `run_stage` for its local target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from include.spark_submit import STAGES, local_master, package_code, spark_submit_argv
+from spark_jobs.lib import lake
+from spark_jobs.lib.config import ConfigError, PipelineConfig, load_config
+from spark_jobs.lib.errors import PipelineError
+
+
+class StageFailed(RuntimeError):
+    pass
+
+
+def spark_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # Driver and executors run the interpreter of this virtual environment.
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def run_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) -> None:
+    argv = spark_submit_argv(
+        stage, config, code_uri=str(code_dir), run_dir=run_dir, master=local_master(stage, config, os.cpu_count() or 2)
+    )
+    argv[0] = str(Path(sys.executable).parent / "spark-submit")
+    completed = subprocess.run(argv, env=spark_env())
+    if completed.returncode != 0:
+        raise StageFailed(f"stage {stage} failed with exit code {completed.returncode} (command: {' '.join(argv)})")
+
+
+def run_pipeline(config: PipelineConfig, run_id: str, stages: tuple[str, ...] = STAGES) -> str:
+    run_dir = lake.create_run(config, run_id)
+    with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as code_dir:
+        package_code(Path(code_dir))
+        for stage in stages:
+            print(f"== {stage}", flush=True)
+            run_stage(stage, config, run_dir, Path(code_dir))
+    return run_dir
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="YAML defaults (default: include/config/pipeline.yaml)")
+    parser.add_argument("--corpus", help="corpus path, glob or URI (overrides the config's corpus)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--run-id", help="run folder name (default: {run_name}-{UTC timestamp})")
+    parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated stages to run, in order")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        # The corpus goes in as a dict so that a glob such as *.txt is not read as YAML.
+        corpus = [{"corpus": args.corpus}] if args.corpus else []
+        config = load_config(args.config, args.overrides + corpus)
+        stages = tuple(stage for stage in args.stages.split(",") if stage)
+        unknown = [stage for stage in stages if stage not in STAGES]
+        if unknown:
+            raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}")
+        lake.corpus_files(config)
+        run_id = args.run_id or f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+        run_dir = run_pipeline(config, run_id, stages)
+    except (PipelineError, StageFailed) as error:
+        print(f"ERROR {error}", file=sys.stderr)
+        return 2
+    print(f"run folder: {run_dir}")
+    for stage in stages:
+        print(f"  {stage}: {lake.read_json(lake.stats_uri(run_dir, stage))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

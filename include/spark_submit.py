@@ -1,0 +1,70 @@
+"""One builder for the spark-submit command of every stage, used by both targets.
+
+Local and EMR run the same application files with the same arguments; only the master, the
+deploy mode and where the code and run folder live differ.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+from spark_jobs.lib.config import REPO_ROOT, PipelineConfig
+
+STAGE_FILES = {
+    "tokenize": "tokenize_corpus.py",
+    "window": "window.py",
+    "positional_embed": "positional_embed.py",
+    "export": "export_tfrecord.py",
+    "train": "train.py",
+    "generate": "generate.py",
+}
+STAGES = tuple(STAGE_FILES)
+LIBRARY_ZIP = "spark_jobs.zip"
+
+
+def package_code(dest: Path) -> Path:
+    """Copy the entry files and zip the spark_jobs package (shipped to executors with --py-files)."""
+    source = REPO_ROOT / "spark_jobs"
+    entries = dest / "spark_jobs"
+    entries.mkdir(parents=True, exist_ok=True)
+    for name in STAGE_FILES.values():
+        (entries / name).write_bytes((source / name).read_bytes())
+    archive = dest / LIBRARY_ZIP
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
+        for file in sorted(source.rglob("*.py")):
+            zipped.write(file, file.relative_to(REPO_ROOT).as_posix())
+    return archive
+
+
+def stage_conf(stage: str, config: PipelineConfig) -> dict[str, str]:
+    conf = {"spark.sql.execution.arrow.pyspark.enabled": "true"}
+    if stage == "train":
+        # Barrier stages cannot run with dynamic allocation (EMR turns it on by default).
+        conf["spark.dynamicAllocation.enabled"] = "false"
+        conf["spark.task.maxFailures"] = "4"
+    return conf
+
+
+def local_master(stage: str, config: PipelineConfig, cores: int) -> str:
+    if stage == "train":
+        # local[N,F]: N task slots, and F attempts so a failed barrier stage is retried (resume).
+        return f"local[{config.train.num_workers},4]"
+    return f"local[{cores}]"
+
+
+def stage_arguments(stage: str, run_dir: str) -> list[str]:
+    return ["--run-dir", run_dir]
+
+
+def spark_submit_argv(
+    stage: str, config: PipelineConfig, *, code_uri: str, run_dir: str, master: str, deploy_mode: str = "client"
+) -> list[str]:
+    if stage not in STAGE_FILES:
+        raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+    argv = ["spark-submit", "--master", master, "--deploy-mode", deploy_mode, "--name", f"gpt-pipeline-{stage}"]
+    for key, value in stage_conf(stage, config).items():
+        argv += ["--conf", f"{key}={value}"]
+    code = code_uri.rstrip("/")
+    argv += ["--py-files", f"{code}/{LIBRARY_ZIP}", f"{code}/spark_jobs/{STAGE_FILES[stage]}"]
+    return argv + stage_arguments(stage, run_dir)

@@ -1,0 +1,262 @@
+"""The pipeline configuration: one validated model used by every stage and by the DAG.
+
+Defaults live in include/config/pipeline.yaml. `load_config` applies overrides
+(dotted `section.key=value` strings or a nested dict) and validates the result; any problem
+raises ConfigError naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from spark_jobs.lib.errors import PipelineError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG_PATH = REPO_ROOT / "include" / "config" / "pipeline.yaml"
+
+# Byte-level BPE starts from 256 byte symbols; the special tokens come on top.
+SPECIAL_TOKENS = ("<|endoftext|>",)
+MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + 1
+
+
+def to_uri(path_or_uri: str) -> str:
+    """A URI stays as it is; a local path (relative to the repository root) becomes file://."""
+    if not path_or_uri.strip():
+        raise ValueError("must not be empty")
+    if "://" in path_or_uri:
+        return path_or_uri
+    path = Path(path_or_uri).expanduser()
+    return "file://" + (path if path.is_absolute() else REPO_ROOT / path).resolve().as_posix()
+
+
+class ConfigError(PipelineError, ValueError):
+    """A configuration value is missing, unknown, of the wrong type or impossible."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class S3Config(_Section):
+    bucket: str = Field(min_length=3)
+    prefix: str = "runs"
+
+
+class TokenizerConfig(_Section):
+    vocab_size: int = Field(ge=MIN_VOCAB_SIZE, le=1_000_000)
+    min_frequency: int = Field(ge=1)
+    train_sample_mb: float = Field(gt=0)
+
+
+class DataConfig(_Section):
+    block_size: int = Field(ge=2, description="T, tokens per model input")
+    stride: int = Field(ge=1)
+    val_fraction: float = Field(gt=0, lt=1)
+    shards: int = Field(ge=1)
+    bad_files: Literal["fail", "skip"]
+
+
+class Word2VecConfig(_Section):
+    enabled: bool
+    window: int = Field(ge=1)
+    min_count: int = Field(ge=1)
+    max_iter: int = Field(ge=1)
+    max_sentences: int = Field(ge=1)
+    seed: int
+
+
+class EmbeddingConfig(_Section):
+    dim: int = Field(ge=2)
+    word2vec: Word2VecConfig
+
+
+class ModelConfig(_Section):
+    n_layer: int = Field(ge=1)
+    n_head: int = Field(ge=1)
+    dropout: float = Field(ge=0, lt=1)
+    mlp_ratio: int = Field(ge=1)
+
+
+class TrainConfig(_Section):
+    num_workers: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    max_steps: int = Field(ge=1)
+    learning_rate: float = Field(gt=0)
+    min_learning_rate: float = Field(ge=0)
+    warmup_steps: int = Field(ge=0)
+    weight_decay: float = Field(ge=0)
+    grad_clip: float = Field(gt=0)
+    eval_interval: int = Field(ge=1)
+    eval_batches: int = Field(ge=1)
+    checkpoint_interval: int = Field(ge=1)
+    seed: int
+
+
+class GenerateConfig(_Section):
+    prompt: str = Field(min_length=1)
+    max_new_tokens: int = Field(ge=1)
+    strategy: Literal["greedy", "top_k", "top_p"]
+    temperature: float = Field(gt=0)
+    top_k: int = Field(ge=1)
+    top_p: float = Field(gt=0, le=1)
+    seed: int
+
+
+class EmrConfig(_Section):
+    release_label: str = Field(pattern=r"^emr-7\.\d+\.\d+$")
+    region: str = Field(min_length=1)
+    master_instance_type: str
+    core_instance_type: str
+    core_instance_count: int = Field(ge=1)
+    core_spot: bool
+    log_uri: str = Field(pattern=r"^s3://")
+    code_prefix: str = Field(pattern=r"^s3://")
+    job_flow_role: str
+    service_role: str
+    idle_timeout_minutes: int = Field(ge=1, le=10080)
+    tags: dict[str, str] = {}
+
+
+class PipelineConfig(_Section):
+    run_name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    target: Literal["local", "emr"]
+    corpus: list[str] = Field(min_length=1)
+    lake: str
+    s3: S3Config
+    schedule: str | None = None
+    tokenizer: TokenizerConfig
+    data: DataConfig
+    embedding: EmbeddingConfig
+    model: ModelConfig
+    train: TrainConfig
+    generate: GenerateConfig
+    emr: EmrConfig
+
+    @field_validator("corpus", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("corpus")
+    @classmethod
+    def _corpus_uris(cls, value: list[str]) -> list[str]:
+        return [to_uri(item) for item in value]
+
+    @field_validator("lake")
+    @classmethod
+    def _lake_uri(cls, value: str) -> str:
+        return to_uri(value).rstrip("/")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PipelineConfig:
+        if self.embedding.dim % self.model.n_head:
+            raise ValueError(
+                f"embedding.dim ({self.embedding.dim}) must be divisible by model.n_head ({self.model.n_head})"
+            )
+        if self.data.shards % self.train.num_workers:
+            raise ValueError(
+                f"data.shards ({self.data.shards}) must be a multiple of train.num_workers ({self.train.num_workers})"
+            )
+        if self.train.batch_size % self.train.num_workers:
+            raise ValueError(
+                f"train.batch_size ({self.train.batch_size}) must be a multiple of train.num_workers "
+                f"({self.train.num_workers})"
+            )
+        if self.train.min_learning_rate > self.train.learning_rate:
+            raise ValueError("train.min_learning_rate must not exceed train.learning_rate")
+        if self.target == "emr" and not self.lake.startswith("s3://"):
+            raise ValueError(f"lake must be an s3:// URI for target emr, got {self.lake!r}")
+        return self
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "config"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif "input" in item and not isinstance(item["input"], dict):
+            message += f" (got {item['input']!r})"
+        lines.append(f"{field}: {message}")
+    return "invalid configuration: " + "; ".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'train.max_steps=200' -> (['train', 'max_steps'], 200). Values are parsed as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not of the form section.key=value")
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_overrides(data: dict, overrides: list[str | dict] | dict | None) -> dict:
+    """Merge overrides into raw config data: `section.key=value` strings and/or nested dicts.
+    Unknown keys are left for validation to reject."""
+    if not overrides:
+        return data
+    if isinstance(overrides, dict):
+        return _deep_merge(data, overrides)
+    for text in overrides:
+        if isinstance(text, dict):
+            data = _deep_merge(data, text)
+            continue
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def validate(data: dict) -> PipelineConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"configuration must be a mapping, got {type(data).__name__}")
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_describe(error)) from None
+
+
+def read_yaml(path: Path | str) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+
+
+def load_config(path: Path | str | None = None, overrides: list[str] | dict | None = None) -> PipelineConfig:
+    """Read the YAML defaults, apply overrides, validate."""
+    data = read_yaml(path or DEFAULT_CONFIG_PATH)
+    return validate(apply_overrides(data, overrides))
+
+
+def from_json(text: str) -> PipelineConfig:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"resolved config is not valid JSON: {error}") from None
+    return validate(data)

@@ -1,0 +1,201 @@
+"""The lake and the run folder: file I/O over file:// and s3:// URIs, and stage completion markers.
+
+A run folder is {lake}/runs/{run_id}/. A stage is complete when its stats file
+stats/{stage}.json exists: stages write their outputs first and that file last, and clear it
+before they start, so a crashed stage never looks finished.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import posixpath
+import uuid
+from pathlib import Path
+
+from pyarrow import fs as pafs
+
+from spark_jobs.lib.config import PipelineConfig
+from spark_jobs.lib.errors import PipelineError
+
+CONFIG_FILE = "config.json"
+
+
+class StageIncomplete(PipelineError):
+    """A stage's input is missing because the stage that writes it has not completed."""
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    # AWS_ENDPOINT_URL (moto, LocalStack) is honoured by pyarrow's S3 client.
+    return pafs.FileSystem.from_uri(uri)
+
+
+def join(uri: str, *parts: str) -> str:
+    return posixpath.join(uri.rstrip("/"), *parts)
+
+
+def exists(uri: str) -> bool:
+    fs, path = filesystem(uri)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def read_bytes(uri: str) -> bytes:
+    fs, path = filesystem(uri)
+    try:
+        with fs.open_input_stream(path) as stream:
+            return stream.read()
+    except FileNotFoundError:
+        raise PipelineError(f"{uri} does not exist") from None
+
+
+def read_text(uri: str) -> str:
+    return read_bytes(uri).decode("utf-8")
+
+
+def read_json(uri: str):
+    return json.loads(read_text(uri))
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    """Write a whole file; locally via a temporary name and a rename, so readers never see half of it."""
+    fs, path = filesystem(uri)
+    fs.create_dir(posixpath.dirname(path), recursive=True)
+    target = path
+    if isinstance(fs, pafs.LocalFileSystem):
+        target = f"{path}.tmp-{uuid.uuid4().hex}"
+    with fs.open_output_stream(target) as stream:
+        stream.write(data)
+    if target != path:
+        fs.move(target, path)
+
+
+def write_text(uri: str, text: str) -> None:
+    write_bytes(uri, text.encode("utf-8"))
+
+
+def write_json(uri: str, value) -> None:
+    write_text(uri, json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def delete(uri: str) -> None:
+    """Remove a file or a whole folder; nothing there is fine."""
+    fs, path = filesystem(uri)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        fs.delete_dir(path)
+    elif info.type == pafs.FileType.File:
+        fs.delete_file(path)
+
+
+def list_files(uri: str) -> list[str]:
+    """URIs of every file below a folder, sorted."""
+    fs, path = filesystem(uri)
+    if fs.get_file_info(path).type != pafs.FileType.Directory:
+        return []
+    selector = pafs.FileSelector(path, recursive=True)
+    base = uri.rstrip("/")
+    return sorted(
+        join(base, posixpath.relpath(info.path, path))
+        for info in fs.get_file_info(selector)
+        if info.type == pafs.FileType.File
+    )
+
+
+def upload_dir(local_dir: str | Path, uri: str) -> None:
+    local_dir = Path(local_dir)
+    for file in sorted(local_dir.rglob("*")):
+        if file.is_file():
+            write_bytes(join(uri, file.relative_to(local_dir).as_posix()), file.read_bytes())
+
+
+def download_dir(uri: str, local_dir: str | Path) -> list[Path]:
+    local_dir = Path(local_dir)
+    copied = []
+    for file_uri in list_files(uri):
+        target = local_dir / posixpath.relpath(file_uri, uri.rstrip("/"))
+        download_file(file_uri, target)
+        copied.append(target)
+    return copied
+
+
+def download_file(uri: str, target: str | Path) -> Path:
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(read_bytes(uri))
+    return target
+
+
+def expand(pattern: str) -> list[str]:
+    """Files matching a path, URI or glob (the glob may only be in the last path component)."""
+    if not any(char in pattern for char in "*?["):
+        fs, path = filesystem(pattern)
+        kind = fs.get_file_info(path).type
+        if kind == pafs.FileType.File:
+            return [pattern]
+        return list_files(pattern) if kind == pafs.FileType.Directory else []
+    folder, name_glob = pattern.rsplit("/", 1)
+    fs, path = filesystem(folder)
+    if fs.get_file_info(path).type != pafs.FileType.Directory:
+        return []
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=False))
+    return sorted(
+        join(folder, posixpath.basename(info.path))
+        for info in infos
+        if info.type == pafs.FileType.File and fnmatch.fnmatch(posixpath.basename(info.path), name_glob)
+    )
+
+
+def corpus_files(config: PipelineConfig) -> list[str]:
+    """Every corpus file, or a PipelineError naming the pattern that matched nothing."""
+    files = []
+    for pattern in config.corpus:
+        matched = expand(pattern)
+        if not matched:
+            raise PipelineError(f"corpus {pattern} matches no file")
+        files.extend(matched)
+    return sorted(dict.fromkeys(files))
+
+
+def run_dir(config: PipelineConfig, run_id: str) -> str:
+    return join(config.lake, "runs", safe_run_id(run_id))
+
+
+def safe_run_id(run_id: str) -> str:
+    """Airflow run ids hold ':' and '+', which are awkward in paths and S3 keys."""
+    return "".join(char if char.isalnum() or char in "-_." else "_" for char in run_id)
+
+
+def create_run(config: PipelineConfig, run_id: str) -> str:
+    """Make a run folder holding the resolved config; returns its URI."""
+    folder = run_dir(config, run_id)
+    write_text(join(folder, CONFIG_FILE), config.to_json())
+    return folder
+
+
+def stats_uri(run: str, stage: str) -> str:
+    return join(run, "stats", f"{stage}.json")
+
+
+def clear_stage(run: str, stage: str) -> None:
+    delete(stats_uri(run, stage))
+
+
+def complete_stage(run: str, stage: str, stats: dict) -> None:
+    write_json(stats_uri(run, stage), stats)
+
+
+def require_stage(run: str, stage: str) -> dict:
+    """The stats of a completed stage, or StageIncomplete naming what to run first."""
+    uri = stats_uri(run, stage)
+    if not exists(uri):
+        raise StageIncomplete(f"stage {stage!r} has not completed in run folder {run} ({uri} is missing): run it first")
+    return read_json(uri)
+
+
+def local_path(uri: str) -> str:
+    """The filesystem path of a file:// URI (for libraries that only take paths)."""
+    fs, path = filesystem(uri)
+    if not isinstance(fs, pafs.LocalFileSystem):
+        raise ValueError(f"{uri} is not on the local filesystem")
+    return os.fspath(path)

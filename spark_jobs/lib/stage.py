@@ -1,0 +1,59 @@
+"""What every stage application shares: arguments, the run folder's config, the Spark session,
+the completion marker, and turning bad input into one clear error line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+
+from spark_jobs.lib import lake
+from spark_jobs.lib.config import PipelineConfig, from_json
+from spark_jobs.lib.errors import PipelineError
+
+StageBody = Callable[["SparkSession", PipelineConfig, str], dict]  # noqa: F821
+
+
+def parse_args(stage: str, argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=stage, description=f"Pipeline stage {stage!r} (a spark-submit application).")
+    parser.add_argument("--run-dir", required=True, help="run folder URI: file:///... or s3://bucket/prefix/runs/<run_id>")
+    return parser.parse_args(argv)
+
+
+def load_run_config(run: str) -> PipelineConfig:
+    uri = lake.join(run, lake.CONFIG_FILE)
+    if not lake.exists(uri):
+        raise PipelineError(f"run folder {run} has no {lake.CONFIG_FILE}: create the run first")
+    return from_json(lake.read_text(uri))
+
+
+def spark_session(stage: str):
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.appName(f"gpt-pipeline-{stage}")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+
+
+def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dict:
+    """Run one stage against a run folder; exits 2 with a one-line message on bad input."""
+    args = parse_args(stage, argv)
+    run = args.run_dir.rstrip("/")
+    try:
+        config = load_run_config(run)
+        lake.clear_stage(run, stage)
+        spark = spark_session(stage)
+        started = time.perf_counter()
+        stats = body(spark, config, run)
+        stats["stage"] = stage
+        stats["duration_s"] = round(time.perf_counter() - started, 3)
+        lake.complete_stage(run, stage, stats)
+    except PipelineError as error:
+        print(f"ERROR [{stage}] {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    print(f"[{stage}] done: {json.dumps(stats, sort_keys=True)}", flush=True)
+    return stats

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_jobs.lib import lake
+from spark_jobs.lib.config import REPO_ROOT, PipelineConfig, load_config
+
+SHARED_CORPUS = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+
+@pytest.fixture(scope="session")
+def shakespeare() -> Path:
+    assert SHARED_CORPUS.is_file(), f"the shared corpus is expected at {SHARED_CORPUS}"
+    return SHARED_CORPUS
+
+
+@pytest.fixture
+def shakespeare_slice(tmp_path, shakespeare) -> Path:
+    """The first ~60 kB of tinyshakespeare, cut at a line end."""
+    text = shakespeare.read_text(encoding="utf-8")[:60_000]
+    path = tmp_path / "corpus" / "slice.txt"
+    path.parent.mkdir()
+    path.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
+    return path
+
+
+def small_config(tmp_path: Path, corpus: Path | str, overrides: list | None = None) -> PipelineConfig:
+    """The default config on a small corpus, with the lake under tmp_path and small sizes."""
+    base = [
+        {"corpus": str(corpus), "lake": str(tmp_path / "lake")},
+        "tokenizer.vocab_size=512",
+        "data.block_size=32",
+        "data.stride=16",
+        "embedding.dim=32",
+        "embedding.word2vec.max_sentences=2000",
+    ]
+    return load_config(overrides=base + (overrides or []))
+
+
+def new_run(config: PipelineConfig, run_id: str = "test-run") -> str:
+    return lake.create_run(config, run_id)

@@ -1,0 +1,78 @@
+import pytest
+
+from spark_jobs.lib.config import ConfigError, load_config, parse_override, read_yaml, validate
+
+
+def test_defaults_are_valid_and_resolve_paths():
+    config = load_config()
+    assert config.corpus[0].startswith("file:///") and config.corpus[0].endswith("tinyshakespeare.txt")
+    assert config.lake.startswith("file:///")
+    assert config.data.shards % config.train.num_workers == 0
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("data.stride=0", "data.stride"),
+        ("data.stride=-3", "data.stride"),
+        ("data.block_size=1", "data.block_size"),
+        ("tokenizer.vocab_size=200", "tokenizer.vocab_size"),
+        ("data.shards=0", "data.shards"),
+        ("train.batch_size=many", "train.batch_size"),
+        ("data.val_fraction=1.5", "data.val_fraction"),
+        ("target=gpu", "target"),
+        ("data.bad_files=ignore", "data.bad_files"),
+        ("generate.strategy=beam", "generate.strategy"),
+        ("emr.release_label=emr-6.15.0", "emr.release_label"),
+    ],
+)
+def test_bad_values_name_the_field(override, field):
+    with pytest.raises(ConfigError, match=rf"{field}:"):
+        load_config(overrides=[override])
+
+
+def test_unknown_keys_are_rejected():
+    with pytest.raises(ConfigError, match="data.window_size: unknown key"):
+        load_config(overrides=["data.window_size=64"])
+    with pytest.raises(ConfigError, match="optimizer: unknown key"):
+        load_config(overrides=[{"optimizer": {"name": "sgd"}}])
+
+
+def test_missing_key_is_named():
+    data = read_yaml_default()
+    del data["train"]["max_steps"]
+    with pytest.raises(ConfigError, match="train.max_steps: Field required"):
+        validate(data)
+
+
+def test_cross_field_rules():
+    with pytest.raises(ConfigError, match=r"data.shards \(3\) must be a multiple of train.num_workers \(2\)"):
+        load_config(overrides=["data.shards=3"])
+    with pytest.raises(ConfigError, match="embedding.dim .* divisible by model.n_head"):
+        load_config(overrides=["model.n_head=5"])
+    with pytest.raises(ConfigError, match="lake must be an s3:// URI for target emr"):
+        load_config(overrides=["target=emr"])
+
+
+def test_overrides_parse_yaml_values_and_globs_stay_strings():
+    assert parse_override("train.max_steps=200") == (["train", "max_steps"], 200)
+    assert parse_override("embedding.word2vec.enabled=false") == (["embedding", "word2vec", "enabled"], False)
+    config = load_config(overrides=[{"corpus": "/data/*.txt"}, "train.max_steps=7"])
+    assert config.corpus == ["file:///data/*.txt"] and config.train.max_steps == 7
+    with pytest.raises(ConfigError, match="not of the form"):
+        parse_override("train.max_steps")
+
+
+def test_config_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("train: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(broken)
+
+
+def read_yaml_default():
+    from spark_jobs.lib.config import DEFAULT_CONFIG_PATH
+
+    return read_yaml(DEFAULT_CONFIG_PATH)
