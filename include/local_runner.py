@@ -34,11 +34,16 @@ def spark_env() -> dict[str, str]:
     return env
 
 
-def run_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) -> None:
+def local_argv(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) -> list[str]:
     argv = spark_submit_argv(
         stage, config, code_uri=str(code_dir), run_dir=run_dir, master=local_master(stage, config, os.cpu_count() or 2)
     )
     argv[0] = str(Path(sys.executable).parent / "spark-submit")
+    return argv
+
+
+def run_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) -> None:
+    argv = local_argv(stage, config, run_dir, code_dir)
     completed = subprocess.run(argv, env=spark_env())
     if completed.returncode != 0:
         raise StageFailed(f"stage {stage} failed with exit code {completed.returncode} (command: {' '.join(argv)})")

@@ -58,12 +58,20 @@ def stage_arguments(stage: str, run_dir: str) -> list[str]:
 
 
 def spark_submit_argv(
-    stage: str, config: PipelineConfig, *, code_uri: str, run_dir: str, master: str, deploy_mode: str = "client"
+    stage: str,
+    config: PipelineConfig,
+    *,
+    code_uri: str,
+    run_dir: str,
+    master: str,
+    deploy_mode: str = "client",
+    resources: dict[str, str] | None = None,
 ) -> list[str]:
+    """`resources`: the target's executor sizing (EMR sizes the train executors to whole nodes)."""
     if stage not in STAGE_FILES:
         raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
     argv = ["spark-submit", "--master", master, "--deploy-mode", deploy_mode, "--name", f"gpt-pipeline-{stage}"]
-    for key, value in stage_conf(stage, config).items():
+    for key, value in {**stage_conf(stage, config), **(resources or {})}.items():
         argv += ["--conf", f"{key}={value}"]
     code = code_uri.rstrip("/")
     argv += ["--py-files", f"{code}/{LIBRARY_ZIP}", f"{code}/spark_jobs/{STAGE_FILES[stage]}"]

@@ -119,6 +119,10 @@ class EmrConfig(_Section):
     service_role: str
     idle_timeout_minutes: int = Field(ge=1, le=10080)
     tags: dict[str, str] = {}
+    aws_conn_id: str = Field(min_length=1)
+    step_timeout_minutes: int = Field(ge=1)
+    train_seconds_per_step: float = Field(gt=0)
+    poke_interval_seconds: int = Field(ge=1)
 
 
 class PipelineConfig(_Section):
@@ -170,6 +174,11 @@ class PipelineConfig(_Section):
             raise ValueError("train.min_learning_rate must not exceed train.learning_rate")
         if self.target == "emr" and not self.lake.startswith("s3://"):
             raise ValueError(f"lake must be an s3:// URI for target emr, got {self.lake!r}")
+        if self.target == "emr" and self.emr.core_instance_count < self.train.num_workers:
+            raise ValueError(
+                f"emr.core_instance_count ({self.emr.core_instance_count}) must be at least train.num_workers "
+                f"({self.train.num_workers}): each TensorFlow worker needs its own core node"
+            )
         return self
 
     def to_json(self) -> str:

@@ -1,0 +1,186 @@
+"""The EMR target's building blocks: the cluster request, the run's code on S3, one EMR step per
+stage and the step sensors' time limits. Plain functions of the config; include/emr_tasks.py
+turns them into Airflow tasks.
+
+A run's code lives in s3://{emr.code_prefix}/{run_id}/: the stage entry files and spark_jobs.zip
+(include/spark_submit.package_code), bootstrap.sh, and the Python requirements it installs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from include.spark_submit import STAGES, package_code, spark_submit_argv
+from spark_jobs.lib import lake
+from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
+
+CONFIG_DIR = REPO_ROOT / "include" / "config"
+TEMPLATE_PATH = CONFIG_DIR / "emr_cluster.yaml"
+# Files uploaded next to the code, under these names (bootstrap.sh reads the last two).
+RUN_FILES = {
+    "bootstrap.sh": CONFIG_DIR / "bootstrap.sh",
+    "requirements-jobs.txt": REPO_ROOT / "spark_jobs" / "requirements.txt",
+    "constraints.txt": REPO_ROOT / "requirements.txt",
+}
+MASTER = "yarn"
+# Client mode: the driver runs on the master node, so the core nodes are left whole for the
+# training executors, and the driver's output (the stage's "ERROR [stage] ..." line) is the
+# step's stdout log in S3.
+DEPLOY_MODE = "client"
+PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")
+
+
+def read_template(path: Path = TEMPLATE_PATH) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def code_uri(config: PipelineConfig, run_id: str) -> str:
+    return lake.join(config.emr.code_prefix, lake.safe_run_id(run_id))
+
+
+def instance_type(config: PipelineConfig, field: str, template: dict | None = None) -> dict:
+    """vCPUs, YARN memory and prices of emr.{field}, from the template's instance table."""
+    name = getattr(config.emr, field)
+    table = (template or read_template())["instance_types"]
+    if name not in table:
+        raise ConfigError(
+            f"emr.{field}: {name!r} is not in the instance_types table of {TEMPLATE_PATH.name} "
+            f"(known: {', '.join(table)}); add its vCPUs, YARN memory and prices there"
+        )
+    return table[name]
+
+
+def fill(node: Any, values: dict[str, Any]) -> Any:
+    """Replace ${name} placeholders in every string of a YAML tree."""
+    if isinstance(node, dict):
+        return {key: fill(value, values) for key, value in node.items()}
+    if isinstance(node, list):
+        return [fill(item, values) for item in node]
+    if not isinstance(node, str):
+        return node
+    for name in PLACEHOLDER.findall(node):
+        if name not in values:
+            raise ConfigError(f"{TEMPLATE_PATH.name}: unknown placeholder ${{{name}}}")
+    whole = PLACEHOLDER.fullmatch(node)
+    if whole:
+        return values[whole.group(1)]
+    return PLACEHOLDER.sub(lambda match: str(values[match.group(1)]), node)
+
+
+def job_flow_overrides(config: PipelineConfig, run_id: str) -> dict:
+    """The RunJobFlow request for one run: the template filled in from the config."""
+    template = read_template()
+    instance_type(config, "master_instance_type", template)
+    instance_type(config, "core_instance_type", template)
+    tags = {**config.emr.tags, "run_id": lake.safe_run_id(run_id)}
+    values = {f"emr.{key}": value for key, value in config.emr.model_dump().items()}
+    values |= {
+        "run_id": lake.safe_run_id(run_id),
+        "code_uri": code_uri(config, run_id),
+        "venv": template["venv"],
+        "core_market": "SPOT" if config.emr.core_spot else "ON_DEMAND",
+        "idle_timeout_seconds": config.emr.idle_timeout_minutes * 60,
+        "tags": [{"Key": key, "Value": value} for key, value in tags.items()],
+    }
+    return fill(template["job_flow"], values)
+
+
+def train_resources(config: PipelineConfig) -> dict[str, str]:
+    """One executor per core node owning all its vCPUs, and one task per executor, so the barrier
+    stage gets exactly one TensorFlow worker per node. TensorFlow runs in the Python worker,
+    outside the JVM heap, so most of the container's memory is overhead."""
+    node = instance_type(config, "core_instance_type")
+    heap_mb = node["yarn_memory_mb"] // 4
+    overhead_mb = int(node["yarn_memory_mb"] * 0.7)
+    return {
+        "spark.executor.instances": str(config.train.num_workers),
+        "spark.executor.cores": str(node["vcpus"]),
+        "spark.task.cpus": str(node["vcpus"]),
+        "spark.executor.memory": f"{heap_mb}m",
+        "spark.executor.memoryOverhead": f"{overhead_mb}m",
+    }
+
+
+def stage_step(stage: str, config: PipelineConfig, run_id: str) -> dict:
+    """The EMR step running one stage: command-runner.jar + the shared spark-submit argv."""
+    argv = spark_submit_argv(
+        stage,
+        config,
+        code_uri=code_uri(config, run_id),
+        run_dir=lake.run_dir(config, run_id),
+        master=MASTER,
+        deploy_mode=DEPLOY_MODE,
+        resources=train_resources(config) if stage == "train" else None,
+    )
+    # CONTINUE: a failed step leaves the cluster to the DAG, whose teardown terminates it.
+    return {"Name": stage, "ActionOnFailure": "CONTINUE", "HadoopJarStep": {"Jar": "command-runner.jar", "Args": argv}}
+
+
+def train_budget_steps(config: PipelineConfig) -> int:
+    """Optimizer steps plus validation batches: what the train step's duration grows with."""
+    evaluations = math.ceil(config.train.max_steps / config.train.eval_interval)
+    return config.train.max_steps + evaluations * config.train.eval_batches
+
+
+def sensor_limits(stage: str, config: PipelineConfig) -> dict[str, int]:
+    """EmrStepSensor arguments: `timeout` for poke/reschedule mode, `max_attempts` for deferrable
+    mode (its limit is max_attempts x poke_interval, 60 minutes by default)."""
+    timeout = config.emr.step_timeout_minutes * 60
+    if stage == "train":
+        timeout += math.ceil(train_budget_steps(config) * config.emr.train_seconds_per_step)
+    poke = config.emr.poke_interval_seconds
+    return {"timeout": timeout, "poke_interval": poke, "max_attempts": math.ceil(timeout / poke)}
+
+
+def check_sensor_limits(run_config: PipelineConfig, dag_config: PipelineConfig) -> None:
+    """Sensor limits are fixed when the DAG is parsed; a run whose overrides (e.g. a larger
+    train.max_steps) need more time is stopped before any cluster is created."""
+    for stage in STAGES:
+        needed = sensor_limits(stage, run_config)["timeout"]
+        allowed = sensor_limits(stage, dag_config)["timeout"]
+        if needed > allowed:
+            raise ConfigError(
+                f"stage {stage} needs a step time limit of {needed} s with this run's settings, but the DAG's "
+                f"sensor allows {allowed} s: raise train.max_steps or emr.step_timeout_minutes in pipeline.yaml"
+            )
+
+
+def hourly_cost_usd(config: PipelineConfig) -> float:
+    """On-demand price of the cluster per hour (EC2 + EMR fee; spot core nodes cost less)."""
+    template = read_template()
+    master, core = (instance_type(config, field, template) for field in ("master_instance_type", "core_instance_type"))
+    master_usd = master["ec2_usd_per_hour"] + master["emr_usd_per_hour"]
+    core_usd = core["ec2_usd_per_hour"] + core["emr_usd_per_hour"]
+    return round(master_usd + config.emr.core_instance_count * core_usd, 4)
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    if not uri.startswith("s3://"):
+        raise ConfigError(f"{uri} is not an s3:// URI")
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+def upload_run(config: PipelineConfig, run_id: str, s3_client) -> dict[str, str]:
+    """Upload the code, the bootstrap script and its requirements, then the resolved config
+    (config.json in the run folder, written last: it marks the run as created)."""
+    if not config.lake.startswith("s3://"):
+        raise ConfigError(f"lake must be an s3:// URI for target emr, got {config.lake!r}")
+    code = code_uri(config, run_id)
+    with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as folder:
+        package_code(Path(folder))
+        files = {file.relative_to(folder).as_posix(): file for file in Path(folder).rglob("*") if file.is_file()}
+        files |= RUN_FILES
+        for name, path in sorted(files.items()):
+            bucket, key = split_s3_uri(lake.join(code, name))
+            s3_client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+    run = lake.run_dir(config, run_id)
+    bucket, key = split_s3_uri(lake.join(run, lake.CONFIG_FILE))
+    s3_client.put_object(Bucket=bucket, Key=key, Body=config.to_json().encode("utf-8"))
+    return {"code_uri": code, "run_dir": run}

@@ -1,0 +1,234 @@
+"""The EMR target's building blocks without AWS: cluster request, steps, sensor limits, and the
+Python environment the bootstrap script installs."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from include import emr
+from include.local_runner import local_argv
+from include.spark_submit import STAGE_FILES, STAGES
+from spark_jobs.lib import lake
+from spark_jobs.lib.config import REPO_ROOT, ConfigError, load_config
+
+EMR_TARGET = ["target=emr", "lake=s3://test-lake/pipeline"]
+RUN_ID = "tinyshakespeare-manual__2026-11-22T08:00:00+00:00"
+
+
+def emr_config(*overrides: str):
+    return load_config(overrides=EMR_TARGET + list(overrides))
+
+
+def test_cluster_request_follows_config():
+    config = emr_config(
+        "emr.core_instance_type=m5.4xlarge", "emr.core_instance_count=3", "emr.core_spot=true", "emr.idle_timeout_minutes=45"
+    )
+    request = emr.job_flow_overrides(config, RUN_ID)
+
+    assert request["ReleaseLabel"] == config.emr.release_label and request["ReleaseLabel"].startswith("emr-7.")
+    assert [app["Name"] for app in request["Applications"]] == ["Spark"]
+    master, core = request["Instances"]["InstanceGroups"]
+    assert (master["InstanceRole"], master["InstanceType"], master["InstanceCount"], master["Market"]) == (
+        "MASTER", "m5.xlarge", 1, "ON_DEMAND"
+    )
+    assert (core["InstanceRole"], core["InstanceType"], core["InstanceCount"], core["Market"]) == (
+        "CORE", "m5.4xlarge", 3, "SPOT"
+    )
+    assert request["AutoTerminationPolicy"] == {"IdleTimeout": 45 * 60}
+    assert request["LogUri"] == config.emr.log_uri
+    assert (request["JobFlowRole"], request["ServiceRole"]) == (config.emr.job_flow_role, config.emr.service_role)
+    code = emr.code_uri(config, RUN_ID)
+    assert code == f"s3://gpt-pipeline/code/{lake.safe_run_id(RUN_ID)}"
+    (bootstrap,) = request["BootstrapActions"]
+    assert bootstrap["ScriptBootstrapAction"]["Path"] == f"{code}/bootstrap.sh"
+    assert bootstrap["ScriptBootstrapAction"]["Args"][0] == code
+    tags = {tag["Key"]: tag["Value"] for tag in request["Tags"]}
+    assert tags == {**config.emr.tags, "run_id": lake.safe_run_id(RUN_ID)}
+    assert "${" not in repr(request)
+
+
+def test_spark_runs_the_bootstrapped_python():
+    request = emr.job_flow_overrides(emr_config(), RUN_ID)
+    venv = request["BootstrapActions"][0]["ScriptBootstrapAction"]["Args"][1]
+    spark_env = next(item for item in request["Configurations"] if item["Classification"] == "spark-env")
+    defaults = next(item for item in request["Configurations"] if item["Classification"] == "spark-defaults")
+    assert spark_env["Configurations"][0]["Properties"]["PYSPARK_PYTHON"] == f"{venv}/bin/python"
+    assert defaults["Properties"]["spark.pyspark.python"] == f"{venv}/bin/python"
+
+
+def test_on_demand_core_nodes_by_default():
+    request = emr.job_flow_overrides(emr_config(), RUN_ID)
+    assert request["Instances"]["InstanceGroups"][1]["Market"] == "ON_DEMAND"
+
+
+def test_unknown_instance_type_is_named():
+    with pytest.raises(ConfigError, match=r"emr.core_instance_type: 'x9.huge' is not in the instance_types table"):
+        emr.job_flow_overrides(emr_config("emr.core_instance_type=x9.huge"), RUN_ID)
+
+
+def test_unknown_template_placeholder_is_named():
+    with pytest.raises(ConfigError, match=r"unknown placeholder \$\{emr.nope\}"):
+        emr.fill({"a": ["x-${emr.nope}"]}, {"emr.release_label": "emr-7.12.0"})
+
+
+def test_emr_target_needs_a_core_node_per_worker_and_an_s3_lake():
+    with pytest.raises(ConfigError, match=r"emr.core_instance_count \(1\) must be at least train.num_workers \(2\)"):
+        emr_config("emr.core_instance_count=1")
+    with pytest.raises(ConfigError, match="lake must be an s3:// URI for target emr"):
+        load_config(overrides=["target=emr"])
+
+
+def test_steps_run_each_stage_with_spark_submit_on_yarn():
+    config = emr_config()
+    for stage in STAGES:
+        step = emr.stage_step(stage, config, RUN_ID)
+        args = step["HadoopJarStep"]["Args"]
+        assert step["Name"] == stage and step["HadoopJarStep"]["Jar"] == "command-runner.jar"
+        assert args[:5] == ["spark-submit", "--master", "yarn", "--deploy-mode", "client"]
+        assert args[-3:] == [f"{emr.code_uri(config, RUN_ID)}/spark_jobs/{STAGE_FILES[stage]}", "--run-dir", lake.run_dir(config, RUN_ID)]
+
+
+def normalised(argv: list[str], code: str, run_dir: str, resources: dict[str, str]) -> list[str]:
+    """argv with master, deploy mode, code location, run folder and executor sizing taken out."""
+    kept, skip = [], False
+    for index, item in enumerate(argv[1:], start=1):
+        if skip:
+            skip = False
+            continue
+        if item in ("--master", "--deploy-mode"):
+            skip = True
+            continue
+        if item == "--conf" and argv[index + 1].split("=", 1)[0] in resources:
+            skip = True
+            continue
+        kept.append(item.replace(code, "<code>").replace(run_dir, "<run>"))
+    return kept
+
+
+def test_local_and_emr_run_the_same_applications_with_the_same_arguments(tmp_path):
+    config = emr_config()
+    local_config = load_config(overrides=["target=local", f"lake={tmp_path / 'lake'}"])
+    local_run, emr_run = lake.run_dir(local_config, RUN_ID), lake.run_dir(config, RUN_ID)
+    code_dir = tmp_path / "code"
+    resources = emr.train_resources(config)
+    for stage in STAGES:
+        local = local_argv(stage, local_config, local_run, code_dir)
+        remote = emr.stage_step(stage, config, RUN_ID)["HadoopJarStep"]["Args"]
+        assert Path(local[0]).name == remote[0] == "spark-submit"
+        assert normalised(local, str(code_dir), local_run, resources) == normalised(
+            remote, emr.code_uri(config, RUN_ID), emr_run, resources
+        ), stage
+        assert local[local.index("--master") + 1].startswith("local[")
+        assert remote[remote.index("--master") + 1] == "yarn"
+
+
+def test_train_gets_one_whole_core_node_per_worker():
+    config = emr_config("emr.core_instance_type=m5.4xlarge", "emr.core_instance_count=3", "train.num_workers=3",
+                        "data.shards=6", "train.batch_size=30")
+    node = emr.instance_type(config, "core_instance_type")
+    resources = emr.train_resources(config)
+    assert resources["spark.executor.instances"] == "3"
+    assert resources["spark.executor.cores"] == resources["spark.task.cpus"] == str(node["vcpus"])
+    container_mb = int(resources["spark.executor.memory"].removesuffix("m")) + int(
+        resources["spark.executor.memoryOverhead"].removesuffix("m")
+    )
+    assert node["yarn_memory_mb"] * 0.9 <= container_mb <= node["yarn_memory_mb"]
+    args = emr.stage_step("train", config, RUN_ID)["HadoopJarStep"]["Args"]
+    assert "spark.dynamicAllocation.enabled=false" in args and "spark.task.cpus=16" in args
+    assert not any(arg.startswith("spark.task.cpus") for arg in emr.stage_step("export", config, RUN_ID)["HadoopJarStep"]["Args"])
+
+
+def test_train_sensor_limit_follows_the_training_budget():
+    short, long = emr_config("train.max_steps=200"), emr_config("train.max_steps=20000", "emr.poke_interval_seconds=30")
+    assert emr.sensor_limits("window", short)["timeout"] == short.emr.step_timeout_minutes * 60
+    short_train, long_train = emr.sensor_limits("train", short), emr.sensor_limits("train", long)
+    budget = emr.train_budget_steps(long) * long.emr.train_seconds_per_step
+    assert long_train["timeout"] == long.emr.step_timeout_minutes * 60 + budget
+    assert long_train["timeout"] > 10 * 3600 > short_train["timeout"]
+    for limits in (short_train, long_train):
+        assert limits["max_attempts"] * limits["poke_interval"] >= limits["timeout"]
+
+
+def test_a_run_needing_longer_than_the_dags_sensors_is_stopped():
+    dag_config = emr_config()
+    emr.check_sensor_limits(emr_config("train.max_steps=200"), dag_config)
+    with pytest.raises(ConfigError, match="stage train needs a step time limit of"):
+        emr.check_sensor_limits(emr_config("train.max_steps=100000"), dag_config)
+
+
+def test_readme_states_the_default_cluster_price():
+    cost = emr.hourly_cost_usd(load_config())
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert f"${cost:.2f} per hour" in readme
+
+
+# --- the Python environment of the EMR nodes ---------------------------------------------------
+
+
+def pins(path: Path) -> dict[str, str]:
+    lines = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
+    requirements = [Requirement(line) for line in lines if line]
+    return {canonicalize_name(req.name): str(req.specifier) for req in requirements}
+
+
+def test_jobs_requirements_are_pinned_like_the_project():
+    jobs = pins(emr.RUN_FILES["requirements-jobs.txt"])
+    project = pins(emr.RUN_FILES["constraints.txt"])
+    assert "pyspark" not in jobs, "the cluster's Spark provides pyspark"
+    for name, spec in jobs.items():
+        assert spec.startswith("=="), f"{name} is not pinned"
+        assert project.get(name) == spec, f"{name}{spec} differs from requirements.txt ({project.get(name)})"
+
+
+def third_party_imports(folder: Path) -> set[str]:
+    local = {"spark_jobs", "include"}
+    names = set()
+    for file in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return {name for name in names - local if name not in sys.stdlib_module_names}
+
+
+def dependency_closure(names: set[str]) -> set[str]:
+    seen, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for text in metadata.requires(name) or []:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(canonicalize_name(requirement.name))
+    return seen
+
+
+def test_everything_the_jobs_import_is_installed_by_the_bootstrap():
+    installed = dependency_closure(set(pins(emr.RUN_FILES["requirements-jobs.txt"]))) | {"pyspark", "py4j"}
+    providers = metadata.packages_distributions()
+    imports = third_party_imports(REPO_ROOT / "spark_jobs")
+    assert {"pyarrow", "pydantic", "yaml"} <= imports
+    for module in imports:
+        distributions = {canonicalize_name(name) for name in providers.get(module, [])}
+        assert distributions, f"spark_jobs imports {module}, which no installed distribution provides"
+        assert distributions & installed, f"spark_jobs imports {module} ({distributions}): add it to spark_jobs/requirements.txt"
+
+
+def test_bootstrap_script_reads_the_files_uploaded_with_the_code():
+    script = emr.RUN_FILES["bootstrap.sh"]
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    for name in ("requirements-jobs.txt", "constraints.txt"):
+        assert f'"$code_uri/{name}"' in text and name in emr.RUN_FILES
+    assert "-r \"$work/requirements-jobs.txt\" -c \"$work/constraints.txt\"" in text
