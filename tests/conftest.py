@@ -1,8 +1,19 @@
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# Airflow reads its home and database when first imported: give the test session its own.
+AIRFLOW_HOME = tempfile.mkdtemp(prefix="gpt-pipeline-test-airflow-")
+atexit.register(shutil.rmtree, AIRFLOW_HOME, ignore_errors=True)
+os.environ["AIRFLOW_HOME"] = AIRFLOW_HOME
+os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{AIRFLOW_HOME}/airflow.db"
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import REPO_ROOT, PipelineConfig, load_config

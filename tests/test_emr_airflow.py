@@ -1,0 +1,215 @@
+"""The EMR target's tasks (include/emr_tasks.py: the amazon provider's real operators) run by
+Airflow's dag.test() against a moto server: EMR and S3 over HTTP, fake credentials, every AWS
+endpoint forced to moto. moto never runs a step, so a thread plays the cluster: it finishes each
+step as it is added (failing one when asked) and writes the stage's completion marker."""
+
+from __future__ import annotations
+
+import io
+import json
+import runpy
+import threading
+import time
+import zipfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import boto3
+import pytest
+import requests
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.emr.models import emr_backends
+from moto.emr.responses import ElasticMapReduceResponse
+from moto.server import ThreadedMotoServer
+
+from include import emr
+from include.spark_submit import STAGES, package_code
+from spark_jobs.lib import lake
+from spark_jobs.lib.config import load_config
+
+REGION = "us-east-1"
+BUCKET = "gpt-pipeline"
+DAG_FILE = Path(__file__).parent / "emr_dag" / "emr_pipeline.py"
+OVERRIDES = {"target": "emr", "lake": f"s3://{BUCKET}/lake", "emr": {"poke_interval_seconds": 1}}
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def airflow_db():
+    from airflow.configuration import conf
+    from airflow.utils.db import resetdb
+
+    resetdb()
+    bundles = [{"name": "emr-test-dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                "kwargs": {"path": str(DAG_FILE.parent), "refresh_interval": 0}}]
+    previous = conf.get("dag_processor", "dag_bundle_config_list")
+    conf.set("dag_processor", "dag_bundle_config_list", json.dumps(bundles))
+    yield
+    conf.set("dag_processor", "dag_bundle_config_list", previous)
+
+
+@pytest.fixture
+def aws(moto_endpoint, monkeypatch):
+    """Fake credentials and every client (boto3, pyarrow, the Airflow connection) on moto."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    connection = {"conn_type": "aws", "extra": {"endpoint_url": moto_endpoint, "region_name": REGION}}
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(connection))
+    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10).raise_for_status()
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint)
+    s3.create_bucket(Bucket=BUCKET)
+    return {"s3": s3, "emr": boto3.client("emr", region_name=REGION, endpoint_url=moto_endpoint)}
+
+
+@pytest.fixture
+def run_job_flow_requests(monkeypatch) -> list[dict]:
+    """The RunJobFlow requests as moto received them (moto drops some fields, e.g. AutoTerminationPolicy)."""
+    received = []
+    original = ElasticMapReduceResponse.run_job_flow
+
+    def recording(self):
+        received.append(json.loads(self.body))
+        return original(self)
+
+    monkeypatch.setattr(ElasticMapReduceResponse, "run_job_flow", recording)
+    return received
+
+
+class Cluster(threading.Thread):
+    """Plays the EMR cluster: finishes every added step in order, failing the one of `fail_stage`;
+    a completed step writes its stage's marker into the run folder, as the real stage does."""
+
+    def __init__(self, s3, fail_stage: str | None = None):
+        super().__init__(daemon=True)
+        self.s3, self.fail_stage = s3, fail_stage
+        self.finished: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        backend = emr_backends[DEFAULT_ACCOUNT_ID][REGION]
+        while not self.stop.is_set():
+            for cluster in list(backend.clusters.values()):
+                for step in cluster.steps:
+                    if step.state in ("PENDING", "RUNNING"):
+                        self.finish(step)
+            time.sleep(0.05)
+
+    def finish(self, step) -> None:
+        if step.name == self.fail_stage:
+            step.state = "FAILED"
+        else:
+            run_dir = step.args[step.args.index("--run-dir") + 1]
+            bucket, key = emr.split_s3_uri(lake.stats_uri(run_dir, step.name))
+            self.s3.put_object(Bucket=bucket, Key=key, Body=b"{}")
+            step.state = "COMPLETED"
+        step.end_date_time = datetime.now(timezone.utc)
+        self.finished.append(step.name)
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.join()
+
+
+def run_dag(monkeypatch, aws, fail_stage: str | None = None):
+    monkeypatch.setenv("EMR_TEST_OVERRIDES", json.dumps(OVERRIDES))
+    dag = runpy.run_path(str(DAG_FILE))["dag"]
+    with Cluster(aws["s3"], fail_stage) as cluster:
+        dag_run = dag.test()
+    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+    return dag_run, states, cluster.finished
+
+
+def only_cluster(aws) -> dict:
+    (summary,) = aws["emr"].list_clusters()["Clusters"]
+    return aws["emr"].describe_cluster(ClusterId=summary["Id"])["Cluster"]
+
+
+def s3_bytes(aws, uri: str) -> bytes:
+    bucket, key = emr.split_s3_uri(uri)
+    return aws["s3"].get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def zip_members(data: bytes) -> dict[str, bytes]:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminates(
+    airflow_db, aws, run_job_flow_requests, monkeypatch, tmp_path
+):
+    dag_run, states, finished = run_dag(monkeypatch, aws)
+    config = load_config(overrides=OVERRIDES)
+    run_id = f"{config.run_name}-{dag_run.run_id}"
+
+    assert dag_run.state == "success", states
+    assert set(states.values()) == {"success"}
+
+    # The cluster: exactly the template filled from the config, and terminated at the end.
+    (request,) = run_job_flow_requests
+    assert request == emr.job_flow_overrides(config, run_id)
+    assert request["AutoTerminationPolicy"] == {"IdleTimeout": config.emr.idle_timeout_minutes * 60}
+    cluster = only_cluster(aws)
+    assert cluster["ReleaseLabel"] == config.emr.release_label
+    assert cluster["Status"]["State"] == "TERMINATED"
+    groups = aws["emr"].list_instance_groups(ClusterId=cluster["Id"])["InstanceGroups"]
+    assert sorted((g["InstanceGroupType"], g["InstanceType"], g["RequestedInstanceCount"], g["Market"]) for g in groups) == [
+        ("CORE", config.emr.core_instance_type, config.emr.core_instance_count, "ON_DEMAND"),
+        ("MASTER", config.emr.master_instance_type, 1, "ON_DEMAND"),
+    ]
+    (action,) = aws["emr"].list_bootstrap_actions(ClusterId=cluster["Id"])["BootstrapActions"]
+    assert s3_bytes(aws, action["ScriptPath"]) == emr.RUN_FILES["bootstrap.sh"].read_bytes()
+
+    # The steps: one per stage, in order, each the shared spark-submit command.
+    assert finished == list(STAGES)
+    steps = aws["emr"].list_steps(ClusterId=cluster["Id"])["Steps"]
+    assert sorted(step["Name"] for step in steps) == sorted(STAGES)
+    for step in steps:
+        expected = emr.stage_step(step["Name"], config, run_id)
+        assert step["Config"]["Args"] == expected["HadoopJarStep"]["Args"]
+        assert step["Config"]["Jar"] == "command-runner.jar" and step["ActionOnFailure"] == "CONTINUE"
+        assert step["Status"]["State"] == "COMPLETED"
+
+    # The code, the bootstrap's requirements and the resolved config are in S3.
+    code = emr.code_uri(config, run_id)
+    package_code(tmp_path)
+    for file in tmp_path.rglob("*.py"):
+        assert s3_bytes(aws, lake.join(code, file.relative_to(tmp_path).as_posix())) == file.read_bytes()
+    local_zip = zip_members((tmp_path / "spark_jobs.zip").read_bytes())
+    assert zip_members(s3_bytes(aws, lake.join(code, "spark_jobs.zip"))) == local_zip
+    for name, path in emr.RUN_FILES.items():
+        assert s3_bytes(aws, lake.join(code, name)) == path.read_bytes()
+    run_dir = lake.run_dir(config, run_id)
+    assert json.loads(s3_bytes(aws, lake.join(run_dir, lake.CONFIG_FILE))) == json.loads(config.to_json())
+    assert json.loads(s3_bytes(aws, lake.join(run_dir, "collected.json"))) == list(STAGES)
+
+
+def test_a_failed_step_fails_the_run_and_the_cluster_is_still_terminated(airflow_db, aws, monkeypatch):
+    dag_run, states, finished = run_dag(monkeypatch, aws, fail_stage="window")
+
+    assert dag_run.state == "failed"
+    assert states["tokenize_wait"] == "success"
+    assert states["window_wait"] == "failed"
+    assert states["positional_embed_step"] == states["collect"] == "upstream_failed"
+    assert states["terminate_cluster"] == "success"
+    assert finished == ["tokenize", "window"]
+    cluster = only_cluster(aws)
+    assert cluster["Status"]["State"] == "TERMINATED"
+    steps = aws["emr"].list_steps(ClusterId=cluster["Id"])["Steps"]
+    assert sorted(step["Name"] for step in steps) == ["tokenize", "window"]
