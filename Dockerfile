@@ -5,9 +5,10 @@
 FROM apache/airflow:3.3.2-python3.11
 
 USER root
-# Spark 3.5 runs on Java 17. JAVA_HOME gets an architecture-independent name (amd64 or arm64).
+# Spark 3.5 runs on Java 17 (procps: Spark's launch scripts call ps). JAVA_HOME gets an
+# architecture-independent name (the JVM folder ends in amd64 or arm64).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
     && ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /usr/lib/jvm/java-17 \
     && apt-get autoremove -yqq --purge \
     && apt-get clean \
