@@ -160,6 +160,13 @@ def hourly_cost_usd(config: PipelineConfig) -> float:
     return round(master_usd + config.emr.core_instance_count * core_usd, 4)
 
 
+def max_cluster_hours(config: PipelineConfig) -> float:
+    """The longest a cluster can live: every step at its sensor limit, then the idle timeout
+    (in case Airflow is gone and no one terminates it)."""
+    seconds = sum(sensor_limits(stage, config)["timeout"] for stage in STAGES)
+    return round(seconds / 3600 + config.emr.idle_timeout_minutes / 60, 2)
+
+
 def split_s3_uri(uri: str) -> tuple[str, str]:
     if not uri.startswith("s3://"):
         raise ConfigError(f"{uri} is not an s3:// URI")

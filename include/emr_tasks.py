@@ -11,6 +11,8 @@ of the run's state, a failed step still fails the run.
 
 from __future__ import annotations
 
+import logging
+
 from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 from airflow.providers.amazon.aws.operators.emr import (
     EmrAddStepsOperator,
@@ -23,11 +25,16 @@ from include import emr
 from include.spark_submit import STAGES
 from spark_jobs.lib.config import PipelineConfig
 
+log = logging.getLogger(__name__)
+
 
 def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, stages=STAGES) -> dict:
     """Check the run fits the DAG's sensor limits, upload it, and return what the EMR tasks send:
     `run_dir`, `job_flow_overrides` and `{stage}_steps` (run it as a task with multiple_outputs=True)."""
     emr.check_sensor_limits(config, dag_config)
+    hourly, hours = emr.hourly_cost_usd(config), emr.max_cluster_hours(config)
+    log.info("cluster: about $%.2f per hour on demand; at most %.1f hours (about $%.0f) with these limits",
+             hourly, hours, hourly * hours)
     uploaded = emr.upload_run(config, run_id, S3Hook(aws_conn_id=config.emr.aws_conn_id).get_conn())
     steps = {f"{stage}_steps": [emr.stage_step(stage, config, run_id)] for stage in stages}
     return {"run_dir": uploaded["run_dir"], "job_flow_overrides": emr.job_flow_overrides(config, run_id), **steps}
@@ -35,7 +42,7 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, sta
 
 def cluster_tasks(config: PipelineConfig, prepared, stages=STAGES, sensor_mode: str = "reschedule"):
     """The cluster's tasks in order; returns (create, the last step's sensor, terminate)."""
-    aws = {"aws_conn_id": config.emr.aws_conn_id}
+    aws = {"aws_conn_id": config.emr.aws_conn_id, "region_name": config.emr.region}
     create = EmrCreateJobFlowOperator(
         task_id="create_cluster", job_flow_overrides=prepared["job_flow_overrides"], emr_conn_id=None, **aws
     )

@@ -232,3 +232,10 @@ def test_bootstrap_script_reads_the_files_uploaded_with_the_code():
     for name in ("requirements-jobs.txt", "constraints.txt"):
         assert f'"$code_uri/{name}"' in text and name in emr.RUN_FILES
     assert "-r \"$work/requirements-jobs.txt\" -c \"$work/constraints.txt\"" in text
+
+
+def test_longest_cluster_life_grows_with_the_training_budget():
+    short, long = emr_config("train.max_steps=200"), emr_config("train.max_steps=20000")
+    extra_hours = (emr.sensor_limits("train", long)["timeout"] - emr.sensor_limits("train", short)["timeout"]) / 3600
+    assert emr.max_cluster_hours(long) == pytest.approx(emr.max_cluster_hours(short) + extra_hours, abs=0.01)
+    assert emr.max_cluster_hours(short) > len(STAGES) * short.emr.step_timeout_minutes / 60

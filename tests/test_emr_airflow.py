@@ -213,3 +213,18 @@ def test_a_failed_step_fails_the_run_and_the_cluster_is_still_terminated(airflow
     assert cluster["Status"]["State"] == "TERMINATED"
     steps = aws["emr"].list_steps(ClusterId=cluster["Id"])["Steps"]
     assert sorted(step["Name"] for step in steps) == ["tokenize", "window"]
+
+
+def test_sensors_wait_as_long_as_their_stage_and_terminate_is_a_teardown(monkeypatch):
+    monkeypatch.setenv("EMR_TEST_OVERRIDES", json.dumps(OVERRIDES))
+    dag = runpy.run_path(str(DAG_FILE))["dag"]
+    config = load_config(overrides=OVERRIDES)
+    for stage in STAGES:
+        sensor, limits = dag.get_task(f"{stage}_wait"), emr.sensor_limits(stage, config)
+        assert (float(sensor.timeout), sensor.max_attempts, sensor.poke_interval) == (
+            limits["timeout"], limits["max_attempts"], limits["poke_interval"]
+        )
+        assert sensor.region_name == config.emr.region and sensor.aws_conn_id == config.emr.aws_conn_id
+    assert dag.get_task("train_wait").timeout > dag.get_task("window_wait").timeout
+    terminate = dag.get_task("terminate_cluster")
+    assert terminate.is_teardown and {"collect", "generate_wait"} <= terminate.upstream_task_ids

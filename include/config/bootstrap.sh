@@ -14,7 +14,7 @@ work="$(mktemp -d)"
 aws s3 cp "$code_uri/requirements-jobs.txt" "$work/requirements-jobs.txt"
 aws s3 cp "$code_uri/constraints.txt" "$work/constraints.txt"
 
-command -v python3.11 >/dev/null || sudo dnf install -y python3.11
+sudo dnf install -y -q python3.11 python3.11-pip
 sudo mkdir -p "$venv"
 sudo chown "$(id -u):$(id -g)" "$venv"
 python3.11 -m venv "$venv"
