@@ -31,7 +31,7 @@ RUN_FILES = {
 MASTER = "yarn"
 # Client mode: the driver runs on the master node, so the core nodes are left whole for the
 # training executors, and the driver's output (the stage's "ERROR [stage] ..." line) is the
-# step's stdout log in S3.
+# step's log in S3 (stderr.gz).
 DEPLOY_MODE = "client"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")
 
@@ -91,13 +91,18 @@ def job_flow_overrides(config: PipelineConfig, run_id: str) -> dict:
     return fill(template["job_flow"], values)
 
 
+# Left free on each core node for the YARN application master of the step's Spark application.
+APPLICATION_MASTER_MB = 2048
+
+
 def train_resources(config: PipelineConfig) -> dict[str, str]:
     """One executor per core node owning all its vCPUs, and one task per executor, so the barrier
     stage gets exactly one TensorFlow worker per node. TensorFlow runs in the Python worker,
     outside the JVM heap, so most of the container's memory is overhead."""
     node = instance_type(config, "core_instance_type")
-    heap_mb = node["yarn_memory_mb"] // 4
-    overhead_mb = int(node["yarn_memory_mb"] * 0.7)
+    container_mb = node["yarn_memory_mb"] - APPLICATION_MASTER_MB
+    heap_mb = container_mb // 4
+    overhead_mb = container_mb - heap_mb
     return {
         "spark.executor.instances": str(config.train.num_workers),
         "spark.executor.cores": str(node["vcpus"]),

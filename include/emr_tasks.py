@@ -32,12 +32,13 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, sta
     """Check the run fits the DAG's sensor limits, upload it, and return what the EMR tasks send:
     `run_dir`, `job_flow_overrides` and `{stage}_steps` (run it as a task with multiple_outputs=True)."""
     emr.check_sensor_limits(config, dag_config)
+    request = emr.job_flow_overrides(config, run_id)
+    steps = {f"{stage}_steps": [emr.stage_step(stage, config, run_id)] for stage in stages}
     hourly, hours = emr.hourly_cost_usd(config), emr.max_cluster_hours(config)
     log.info("cluster: about $%.2f per hour on demand; at most %.1f hours (about $%.0f) with these limits",
              hourly, hours, hourly * hours)
     uploaded = emr.upload_run(config, run_id, S3Hook(aws_conn_id=config.emr.aws_conn_id).get_conn())
-    steps = {f"{stage}_steps": [emr.stage_step(stage, config, run_id)] for stage in stages}
-    return {"run_dir": uploaded["run_dir"], "job_flow_overrides": emr.job_flow_overrides(config, run_id), **steps}
+    return {"run_dir": uploaded["run_dir"], "job_flow_overrides": request, **steps}
 
 
 def cluster_tasks(config: PipelineConfig, prepared, stages=STAGES, sensor_mode: str = "reschedule"):

@@ -140,7 +140,8 @@ def test_train_gets_one_whole_core_node_per_worker():
     container_mb = int(resources["spark.executor.memory"].removesuffix("m")) + int(
         resources["spark.executor.memoryOverhead"].removesuffix("m")
     )
-    assert node["yarn_memory_mb"] * 0.9 <= container_mb <= node["yarn_memory_mb"]
+    # The whole node but room for the application master, which may land on any core node.
+    assert node["yarn_memory_mb"] * 0.8 <= container_mb <= node["yarn_memory_mb"] - 1024
     args = emr.stage_step("train", config, RUN_ID)["HadoopJarStep"]["Args"]
     assert "spark.dynamicAllocation.enabled=false" in args and "spark.task.cpus=16" in args
     assert not any(arg.startswith("spark.task.cpus") for arg in emr.stage_step("export", config, RUN_ID)["HadoopJarStep"]["Args"])
