@@ -44,19 +44,22 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, sta
 def cluster_tasks(config: PipelineConfig, prepared, stages=STAGES, sensor_mode: str = "reschedule"):
     """The cluster's tasks in order; returns (create, the last step's sensor, terminate)."""
     aws = {"aws_conn_id": config.emr.aws_conn_id, "region_name": config.emr.region}
+    # No retries: a retried create would start a second cluster, a retried add a second step, and
+    # a retried sensor would only read the same failed step again (boto3 retries API errors itself).
     create = EmrCreateJobFlowOperator(
-        task_id="create_cluster", job_flow_overrides=prepared["job_flow_overrides"], emr_conn_id=None, **aws
+        task_id="create_cluster", job_flow_overrides=prepared["job_flow_overrides"], emr_conn_id=None, retries=0, **aws
     )
     previous = create
     for stage in stages:
         add = EmrAddStepsOperator(
-            task_id=f"{stage}_step", job_flow_id=create.output, steps=prepared[f"{stage}_steps"], **aws
+            task_id=f"{stage}_step", job_flow_id=create.output, steps=prepared[f"{stage}_steps"], retries=0, **aws
         )
         wait = EmrStepSensor(
             task_id=f"{stage}_wait",
             job_flow_id=create.output,
             step_id=f"{{{{ ti.xcom_pull(task_ids='{stage}_step')[0] }}}}",
             mode=sensor_mode,
+            retries=0,
             **emr.sensor_limits(stage, config),
             **aws,
         )

@@ -226,5 +226,6 @@ def test_sensors_wait_as_long_as_their_stage_and_terminate_is_a_teardown(monkeyp
         )
         assert sensor.region_name == config.emr.region and sensor.aws_conn_id == config.emr.aws_conn_id
     assert dag.get_task("train_wait").timeout > dag.get_task("window_wait").timeout
+    assert {dag.get_task(task_id).retries for task_id in ("create_cluster", "train_step", "train_wait")} == {0}
     terminate = dag.get_task("terminate_cluster")
     assert terminate.is_teardown and {"collect", "generate_wait"} <= terminate.upstream_task_ids

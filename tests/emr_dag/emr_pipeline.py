@@ -39,7 +39,7 @@ with DAG(
     schedule=None,
     start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
-    default_args={"retries": 0},
+    default_args={"retries": 2},  # like the pipeline DAG: the EMR tasks set their own
 ) as dag:
     prepared = prepare()
     create, last_wait, terminate = emr_tasks.cluster_tasks(CONFIG, prepared, sensor_mode="poke")
