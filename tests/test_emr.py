@@ -240,3 +240,15 @@ def test_longest_cluster_life_grows_with_the_training_budget():
     extra_hours = (emr.sensor_limits("train", long)["timeout"] - emr.sensor_limits("train", short)["timeout"]) / 3600
     assert emr.max_cluster_hours(long) == pytest.approx(emr.max_cluster_hours(short) + extra_hours, abs=0.01)
     assert emr.max_cluster_hours(short) > len(STAGES) * short.emr.step_timeout_minutes / 60
+
+
+def test_pip_resolves_the_jobs_requirements_within_the_pinned_environment():
+    """The bootstrap's pip command, offline against this environment: it must resolve (no pin
+    conflicts with the constraints) and need nothing this tested environment lacks."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--disable-pip-version-check",
+         "-r", str(emr.RUN_FILES["requirements-jobs.txt"]), "-c", str(emr.RUN_FILES["constraints.txt"])],
+        capture_output=True, text=True,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "Would install" not in completed.stdout, completed.stdout
