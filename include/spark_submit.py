@@ -1,7 +1,8 @@
 """One builder for the spark-submit command of every stage, used by both targets.
 
 Local and EMR run the same application files with the same arguments; only the master, the
-deploy mode and where the code and run folder live differ.
+deploy mode and where the code and run folder live differ, plus the executor sizing a cluster
+needs (EMR's train step: one whole core node per executor).
 """
 
 from __future__ import annotations
