@@ -1,4 +1,5 @@
-# The two commands: `make run` (the pipeline on this machine) and `make test` (the test suite).
+# The two commands: `make run` (the pipeline on this machine) and `make test` (the test suite);
+# `make airflow` starts Airflow with its UI to trigger and watch runs.
 # Both create or refresh the virtual environment from requirements.txt first.
 
 PYTHON ?= python3.11
@@ -8,7 +9,7 @@ CORPUS ?=
 SET ?=
 ARGS ?=
 
-.PHONY: run test venv lock clean
+.PHONY: run airflow test venv lock clean
 
 $(BIN)/.installed: requirements.txt
 	@command -v java >/dev/null || { echo "Java (17) is required for Spark: apt-get install -y openjdk-17-jre-headless"; exit 1; }
@@ -18,8 +19,13 @@ $(BIN)/.installed: requirements.txt
 
 venv: $(BIN)/.installed
 
+# The whole DAG once with `airflow dags test`, S3 on a moto server that lives as long as the command.
 run: venv
-	$(BIN)/python -m include.local_runner $(if $(CORPUS),--corpus '$(CORPUS)') $(foreach s,$(SET),--set '$(s)') $(ARGS)
+	$(BIN)/python -m include.airflow_local run $(if $(CORPUS),--corpus '$(CORPUS)') $(foreach s,$(SET),--set '$(s)') $(ARGS)
+
+# Airflow standalone (UI on http://127.0.0.1:8080) with the DAG and a moto S3 server; Ctrl-C stops it.
+airflow: venv
+	$(BIN)/python -m include.airflow_local ui
 
 test: venv
 	$(BIN)/python -m pytest $(ARGS)
@@ -33,4 +39,4 @@ lock:
 	rm -rf .lock-venv
 
 clean:
-	rm -rf lake build .pytest_cache
+	rm -rf lake build .pytest_cache airflow_home

@@ -1,0 +1,111 @@
+"""
+### gpt_pipeline: train a GPT-style language model from raw text
+
+validate_config → tokenize → window → positional_embed → export → train → generate → collect
+
+Each stage is a Spark application run with spark-submit (include/spark_submit.py builds the
+command for every target); stages talk only through the run folder `{lake}/runs/{run}/`.
+`collect` copies the resolved config, stats, model and samples to
+`s3://{s3.bucket}/{s3.prefix}/{run}/` with a short report, through the `aws_default` connection.
+
+Defaults come from include/config/pipeline.yaml; the trigger form changes them for one run and
+the first task validates the result with the config model. Runs start by hand, on the
+`schedule:` of pipeline.yaml (none by default), and whenever the corpus asset is updated.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from airflow.sdk import DAG, Asset, AssetAny, AssetOrTimeSchedule, CronTriggerTimetable, chain, get_current_context, task
+from airflow.sdk.exceptions import AirflowTimetableInvalid
+
+from include import local_runner, trigger_form
+from include.collect import AWS_CONN_ID, collect_record
+from include.spark_submit import STAGES, package_code
+from spark_jobs.lib import lake
+from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, ConfigError, PipelineConfig, load_config, read_yaml
+from spark_jobs.lib.stage import load_run_config
+
+log = logging.getLogger(__name__)
+
+DAG_ID = "gpt_pipeline"
+CONFIG = load_config(DEFAULT_CONFIG_PATH)  # the defaults: target, schedule and the form's values
+
+
+def retraining_schedule(config: PipelineConfig):
+    """Retrain when the corpus asset is updated, and on the configured cron or preset if there is one."""
+    corpus = AssetAny(*(Asset(uri) for uri in config.corpus))
+    if config.schedule is None:
+        return corpus
+    timetable = CronTriggerTimetable(config.schedule, timezone="UTC")
+    try:
+        timetable.validate()
+    except AirflowTimetableInvalid as error:
+        raise ConfigError(f"invalid configuration: schedule: {error} (got {config.schedule!r})") from None
+    return AssetOrTimeSchedule(timetable=timetable, assets=corpus)
+
+
+@task(retries=0)
+def validate_config() -> str:
+    """Build this run's config from pipeline.yaml and the trigger form, check it, create the run folder."""
+    context = get_current_context()
+    config = load_config(DEFAULT_CONFIG_PATH, trigger_form.overrides(dict(context["params"])))
+    if config.target != CONFIG.target:
+        raise ConfigError(f"target: this DAG runs target {CONFIG.target!r} (set in pipeline.yaml), got {config.target!r}")
+    log.info("corpus files: %s", lake.corpus_files(config))
+    run_dir = lake.create_run(config, f"{config.run_name}-{context['run_id']}")
+    log.info("run folder: %s", run_dir)
+    return run_dir
+
+
+@task
+def run_local_stage(stage: str, run_dir: str) -> dict:
+    """spark-submit one stage on local Spark; returns the stage's stats."""
+    config = load_run_config(run_dir)
+    with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as code_dir:
+        package_code(Path(code_dir))
+        local_runner.run_stage(stage, config, run_dir, Path(code_dir))
+    return lake.read_json(lake.stats_uri(run_dir, stage))
+
+
+@task
+def collect(run_dir: str) -> dict:
+    """Copy config, stats, model and samples to S3 and write the run report."""
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    report = collect_record(run_dir, S3Hook(aws_conn_id=AWS_CONN_ID), STAGES)
+    log.info("record: %s  final val loss: %s  val nats/char: %s", report["s3_uri"], report["final_val_loss"], report["val_nats_per_char"])
+    return report
+
+
+def run_stage(stage: str, run_dir):
+    """The task(s) that run one stage on the configured target."""
+    if CONFIG.target == "local":
+        return run_local_stage.override(task_id=stage)(stage, run_dir)
+    raise ConfigError(f"target: {CONFIG.target!r} has no tasks in this DAG yet; use target: local")
+
+
+with DAG(
+    dag_id=DAG_ID,
+    description="Train a GPT-style model: Spark preprocessing, multi-worker TensorFlow, record to S3",
+    doc_md=__doc__,
+    schedule=retraining_schedule(CONFIG),
+    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    catchup=False,
+    max_active_runs=1,
+    params=trigger_form.params(read_yaml(DEFAULT_CONFIG_PATH)),
+    default_args={
+        "owner": "ml-platform",
+        "retries": 1,
+        "retry_delay": timedelta(minutes=1),
+        "execution_timeout": timedelta(hours=4),
+    },
+    tags=["gpt-pipeline", "spark", "tensorflow", f"target-{CONFIG.target}"],
+) as dag:
+    run_dir = validate_config()
+    stages = [run_stage(stage, run_dir) for stage in STAGES]
+    chain(run_dir, *stages, collect(run_dir))

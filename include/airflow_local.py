@@ -1,0 +1,152 @@
+"""Airflow on this machine, with S3 served by a moto server that lives as long as the command.
+
+    python -m include.airflow_local run [--corpus C] [--set section.key=value ...]   (make run)
+    python -m include.airflow_local ui                                               (make airflow)
+
+`run` executes the whole DAG once with `airflow dags test` and prints where the record went, the
+final validation loss and the generated sample. `ui` starts `airflow standalone` (API server
+with the UI, scheduler, DAG processor, triggerer) on http://127.0.0.1:8080 so runs can be
+triggered from the form and watched. Airflow's home is airflow_home/ in the checkout (SQLite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from include.collect import REPORT_JSON
+from include.local_s3 import LocalS3
+from spark_jobs.lib.config import REPO_ROOT, PipelineConfig, load_config
+from spark_jobs.lib.errors import PipelineError
+
+DAG_ID = "gpt_pipeline"
+AIRFLOW_HOME = REPO_ROOT / "airflow_home"
+AIRFLOW = Path(sys.executable).parent / "airflow"
+
+
+def airflow_env(home: Path, s3: LocalS3) -> dict[str, str]:
+    """Environment for Airflow commands: this checkout's DAG, a SQLite DB in `home`, the moto S3."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            # The DAG imports include/ and spark_jobs/ from the repository root.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+            # `airflow standalone` starts its components as `airflow ...` from the PATH.
+            "PATH": os.pathsep.join(filter(None, [str(AIRFLOW.parent), os.environ.get("PATH")])),
+        }
+    )
+    env.update(s3.connection_env())
+    return env
+
+
+def airflow(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([str(AIRFLOW), *args], env=env, cwd=REPO_ROOT, check=check)
+
+
+def prepare(home: Path, s3: LocalS3) -> dict[str, str]:
+    home.mkdir(parents=True, exist_ok=True)
+    env = airflow_env(home, s3)
+    airflow(env, "db", "migrate")
+    return env
+
+
+def dags_test(env: dict[str, str], conf: dict) -> bool:
+    """Run the DAG once in this process tree; True when the run succeeded."""
+    result = airflow(env, "dags", "test", DAG_ID, "--conf", json.dumps(conf), check=False)
+    return result.returncode == 0
+
+
+def read_report(s3: LocalS3, config: PipelineConfig) -> dict:
+    """The report of the run collected to this server (each `run` starts with an empty server)."""
+    client = s3.client()
+    listing = client.list_objects_v2(Bucket=config.s3.bucket, Prefix=config.s3.prefix.strip("/") + "/")
+    reports = [item["Key"] for item in listing.get("Contents", []) if item["Key"].endswith("/" + REPORT_JSON)]
+    if len(reports) != 1:
+        raise PipelineError(f"expected one {REPORT_JSON} in s3://{config.s3.bucket}/{config.s3.prefix}/, found {reports}")
+    return json.loads(client.get_object(Bucket=config.s3.bucket, Key=reports[0])["Body"].read())
+
+
+def print_report(report: dict) -> None:
+    print(f"\nrun folder:       {report['run_folder']}")
+    print(f"S3 record:        {report['s3_uri']} (served by the moto server, gone when this command ends)")
+    print(f"final val loss:   {report['final_val_loss']} nats/token")
+    print(f"val nats/char:    {report['val_nats_per_char']}")
+    print(f"generated sample:\n{report['sample']}")
+
+
+def run(config: PipelineConfig, conf: dict) -> int:
+    with LocalS3(buckets=(config.s3.bucket,)) as s3:
+        env = prepare(AIRFLOW_HOME, s3)
+        if not dags_test(env, conf):
+            print(f"ERROR the {DAG_ID} run failed; see the task logs above", file=sys.stderr)
+            return 1
+        print_report(read_report(s3, config))
+    return 0
+
+
+def ui(config: PipelineConfig) -> int:
+    with LocalS3(buckets=(config.s3.bucket,)) as s3:
+        env = prepare(AIRFLOW_HOME, s3)
+        env.setdefault("AIRFLOW__API__HOST", "127.0.0.1")
+        env.setdefault("AIRFLOW__API__PORT", "8080")
+        api = f"http://{env['AIRFLOW__API__HOST']}:{env['AIRFLOW__API__PORT']}"
+        env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{api}/execution/"
+        # One local user: no login page; the API server listens on loopback only.
+        env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "True"
+        print(f"Airflow UI: {api} (DAG {DAG_ID}); "
+              f"S3 (moto): {s3.endpoint_url}; Ctrl-C stops both", flush=True)
+        return serve(env)
+
+
+def serve(env: dict[str, str]) -> int:
+    """`airflow standalone` in the foreground until Ctrl-C (or SIGTERM) makes it stop its components."""
+    process = subprocess.Popen(
+        [str(AIRFLOW), "standalone"],
+        env=env,
+        cwd=REPO_ROOT,
+        # Started from a script, SIGINT may arrive ignored; standalone needs it to shut down cleanly.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    # Ctrl-C reaches standalone from the terminal; a second SIGINT would cut its shutdown short.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGINT))
+    return process.wait()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=("run", "ui"))
+    parser.add_argument("--corpus", help="run: corpus path, glob or URI")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="run: a config override")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    conf: dict = {"overrides": args.overrides}
+    if args.corpus:
+        conf["corpus"] = args.corpus
+    try:
+        # Checked here too so that a bad value stops before Airflow starts; the DAG checks it again.
+        config = load_config(overrides=args.overrides + ([{"corpus": args.corpus}] if args.corpus else []))
+        if args.command == "ui":
+            return ui(config)
+        return run(config, conf)
+    except PipelineError as error:
+        print(f"ERROR {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The collect task: copy a run's record to S3 and write a short report next to it.
+
+The record is the resolved config, stats/, model/ and samples.txt of the run folder; it goes to
+s3://{s3.bucket}/{s3.prefix}/{run folder name}/ through the amazon provider's S3Hook, so the
+Airflow AWS connection decides where S3 is (AWS, LocalStack or a local moto server).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+
+from spark_jobs.lib import lake
+from spark_jobs.lib.config import from_json
+from spark_jobs.lib.errors import PipelineError
+
+AWS_CONN_ID = "aws_default"
+RECORD_FILES = ("config.json", "samples.txt")
+RECORD_FOLDERS = ("stats/", "model/")
+REPORT_JSON = "report.json"
+REPORT_TEXT = "report.md"
+
+
+class RunFolder:
+    """Lists and reads a run folder on local disk (file://) or on S3 through the hook."""
+
+    def __init__(self, uri: str, hook):
+        self.uri = uri.rstrip("/")
+        self.hook = hook
+        self.name = posixpath.basename(self.uri)
+
+    def files(self) -> list[str]:
+        """Paths of every file in the folder, relative to it."""
+        if self.uri.startswith("s3://"):
+            bucket, prefix = self.hook.parse_s3_url(self.uri)
+            keys = self.hook.list_keys(bucket_name=bucket, prefix=prefix + "/") or []
+            return sorted(key[len(prefix) + 1 :] for key in keys)
+        return [posixpath.relpath(uri, self.uri) for uri in lake.list_files(self.uri)]
+
+    def read(self, relative: str) -> bytes:
+        uri = lake.join(self.uri, relative)
+        if uri.startswith("s3://"):
+            return self.hook.get_key(uri).get()["Body"].read()
+        return lake.read_bytes(uri)
+
+    def read_json(self, relative: str) -> dict:
+        return json.loads(self.read(relative))
+
+
+def record_files(run: RunFolder) -> list[str]:
+    files = [path for path in run.files() if path in RECORD_FILES or path.startswith(RECORD_FOLDERS)]
+    missing = [name for name in RECORD_FILES if name not in files]
+    if missing:
+        raise PipelineError(f"run folder {run.uri} has no {', '.join(missing)}: the run did not complete")
+    return files
+
+
+def build_report(run: RunFolder, s3_uri: str, stages: tuple[str, ...]) -> dict:
+    train = run.read_json("stats/train.json")
+    return {
+        "run": run.name,
+        "run_folder": run.uri,
+        "s3_uri": s3_uri,
+        "final_val_loss": train.get("final_val_loss"),
+        "val_nats_per_char": train.get("val_nats_per_char"),
+        "stage_seconds": {stage: run.read_json(f"stats/{stage}.json").get("duration_s") for stage in stages},
+        "train": train,
+        "sample": run.read("samples.txt").decode("utf-8"),
+    }
+
+
+def report_text(report: dict) -> str:
+    stages = "\n".join(f"| {stage} | {seconds} |" for stage, seconds in report["stage_seconds"].items())
+    return (
+        f"# Run {report['run']}\n\n"
+        f"- record: {report['s3_uri']}\n"
+        f"- run folder: {report['run_folder']}\n"
+        f"- final validation loss: {report['final_val_loss']} nats/token, {report['val_nats_per_char']} nats/char\n\n"
+        f"| stage | seconds |\n|---|---|\n{stages}\n\n"
+        f"## Sample\n\n```\n{report['sample']}\n```\n"
+    )
+
+
+def collect_record(run_dir: str, hook, stages: tuple[str, ...]) -> dict:
+    """Copy the run's record to S3, then the report (written last: its presence means complete)."""
+    run = RunFolder(run_dir, hook)
+    config = from_json(run.read("config.json").decode("utf-8"))
+    bucket = config.s3.bucket
+    if not hook.check_for_bucket(bucket):
+        raise PipelineError(f"s3.bucket: bucket {bucket!r} does not exist or is not accessible")
+    prefix = posixpath.join(config.s3.prefix.strip("/"), run.name)
+    for path in record_files(run):
+        hook.load_bytes(run.read(path), key=f"{prefix}/{path}", bucket_name=bucket, replace=True)
+    report = build_report(run, f"s3://{bucket}/{prefix}/", stages)
+    hook.load_string(report_text(report), key=f"{prefix}/{REPORT_TEXT}", bucket_name=bucket, replace=True)
+    hook.load_string(json.dumps(report, indent=2), key=f"{prefix}/{REPORT_JSON}", bucket_name=bucket, replace=True)
+    return report

@@ -1,0 +1,85 @@
+"""The DAG's trigger form: the knobs people change per run, as Airflow Params.
+
+Each Param stands for one field of the config model; its default is the value in
+include/config/pipeline.yaml. The form only checks types: the values are validated by the config
+model in the DAG's first task, so one set of rules applies to the run command, the form and the
+YAML. Anything without its own field goes into `overrides` as `section.key=value` lines.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import Param
+
+from spark_jobs.lib.config import ConfigError
+
+# Param name -> (config field, description)
+FIELDS: dict[str, tuple[str, str]] = {
+    "corpus": ("corpus", "Corpus: a path, a glob (last path component) or a URI of UTF-8 text files"),
+    "run_name": ("run_name", "Names the run folder: runs/{run_name}-{Airflow run id}"),
+    "vocab_size": ("tokenizer.vocab_size", "Byte-level BPE vocabulary size"),
+    "block_size": ("data.block_size", "T: tokens the model sees at once"),
+    "stride": ("data.stride", "Step between window starts"),
+    "embedding_dim": ("embedding.dim", "Width of the token and position embeddings (the model's width)"),
+    "n_layer": ("model.n_layer", "Transformer blocks"),
+    "n_head": ("model.n_head", "Attention heads per block; must divide embedding_dim"),
+    "num_workers": ("train.num_workers", "TensorFlow workers (one per EMR core node)"),
+    "batch_size": ("train.batch_size", "Global batch, split across the workers"),
+    "max_steps": ("train.max_steps", "Training budget in optimizer steps"),
+    "eval_interval": ("train.eval_interval", "Steps between validation passes"),
+    "learning_rate": ("train.learning_rate", "Peak learning rate"),
+    "prompt": ("generate.prompt", "Prompt for the generated sample"),
+    "max_new_tokens": ("generate.max_new_tokens", "Tokens to generate after the prompt"),
+}
+OVERRIDES = "overrides"
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
+
+
+def field_value(data: dict, field: str) -> Any:
+    for part in field.split("."):
+        data = data[part]
+    return data
+
+
+def params(defaults: dict) -> dict[str, Param]:
+    """The form, with defaults taken from the raw (unvalidated) YAML data."""
+    form = {}
+    for name, (field, description) in FIELDS.items():
+        default = field_value(defaults, field)
+        kind = _JSON_TYPES[type(default)]
+        if name == "corpus":
+            kind = ["string", "array"]
+        elif kind == "number":
+            kind = ["number", "integer"]
+        form[name] = Param(default, type=kind, title=field, description=description)
+    form[OVERRIDES] = Param(
+        [],
+        type="array",
+        items={"type": "string"},
+        title="other settings",
+        description="One `section.key=value` per line for any other setting of pipeline.yaml, e.g. data.shards=8",
+    )
+    return form
+
+
+def overrides(values: dict) -> list[str | dict]:
+    """Turn submitted form values into config overrides (dicts, so values are not re-parsed)."""
+    unknown = sorted(set(values) - set(FIELDS) - {OVERRIDES})
+    if unknown:
+        raise ConfigError(f"unknown trigger parameter(s) {', '.join(unknown)}; use overrides for other settings")
+    result: list[str | dict] = []
+    for name, (field, _) in FIELDS.items():
+        if name in values:
+            result.append(_nested(field, values[name]))
+    result.extend(values.get(OVERRIDES) or [])
+    return result
+
+
+def _nested(field: str, value: Any) -> dict:
+    *sections, key = field.split(".")
+    node: dict = {key: value}
+    for section in reversed(sections):
+        node = {section: node}
+    return node
