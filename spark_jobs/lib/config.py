@@ -91,6 +91,7 @@ class TrainConfig(_Section):
     weight_decay: float = Field(ge=0)
     grad_clip: float = Field(gt=0)
     eval_interval: int = Field(ge=1)
+    log_interval: int = Field(ge=1)
     eval_batches: int = Field(ge=1)
     checkpoint_interval: int = Field(ge=1)
     seed: int
@@ -169,6 +170,10 @@ class PipelineConfig(_Section):
             raise ValueError(
                 f"train.batch_size ({self.train.batch_size}) must be a multiple of train.num_workers "
                 f"({self.train.num_workers})"
+            )
+        if self.train.warmup_steps >= self.train.max_steps:
+            raise ValueError(
+                f"train.warmup_steps ({self.train.warmup_steps}) must be below train.max_steps ({self.train.max_steps})"
             )
         if self.train.min_learning_rate > self.train.learning_rate:
             raise ValueError("train.min_learning_rate must not exceed train.learning_rate")

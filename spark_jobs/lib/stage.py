@@ -49,6 +49,9 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dic
         spark = spark_session(stage)
         started = time.perf_counter()
         stats = body(spark, config, run)
+        # Stopped explicitly so spark-submit exits: after a barrier stage Spark 3.5 leaves a
+        # non-daemon timer thread that would keep the JVM alive.
+        spark.stop()
         stats["stage"] = stage
         stats["duration_s"] = round(time.perf_counter() - started, 3)
         lake.complete_stage(run, stage, stats)

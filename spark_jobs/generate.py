@@ -1,0 +1,114 @@
+"""Stage generate: continue the configured prompt with the trained model; writes samples.txt.
+
+Also a command line for any saved model folder (a run's model/, local path or URI):
+
+    python -m spark_jobs.generate --model-dir lake/runs/<run_id>/model --prompt "ROMEO:" --seed 3
+
+Options not given come from the generate section of include/config/pipeline.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from spark_jobs.lib import lake
+from spark_jobs.lib.config import GenerateConfig, PipelineConfig, load_config, to_uri
+from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.stage import run_stage
+from spark_jobs.lib.train_state import MODEL_DIR, MODEL_FILE, TOKENIZER_FILE
+
+SAMPLES_FILE = "samples.txt"
+
+
+def load_model(model_uri: str):
+    """The Keras model and the tokenizer saved by the train stage."""
+    import keras
+    from tokenizers import Tokenizer
+
+    import spark_jobs.lib.model  # noqa: F401  registers the decoder's layers for loading
+
+    for name in (MODEL_FILE, TOKENIZER_FILE):
+        if not lake.exists(lake.join(model_uri, name)):
+            raise PipelineError(f"{model_uri} holds no {name}: is it a model folder written by the train stage?")
+    with tempfile.TemporaryDirectory(prefix="gpt-pipeline-model-") as local:
+        model = keras.saving.load_model(lake.download_file(lake.join(model_uri, MODEL_FILE), Path(local) / MODEL_FILE))
+    tokenizer = Tokenizer.from_str(lake.read_text(lake.join(model_uri, TOKENIZER_FILE)))
+    return model, tokenizer
+
+
+def next_token(logits: np.ndarray, settings: GenerateConfig, rng: np.random.Generator) -> int:
+    """Pick the next token id from the last position's logits."""
+    if settings.strategy == "greedy":
+        return int(np.argmax(logits))
+    logits = logits.astype(np.float64) / settings.temperature
+    if settings.strategy == "top_k":
+        cutoff = np.sort(logits)[-min(settings.top_k, logits.size)]
+        logits = np.where(logits >= cutoff, logits, -np.inf)
+    probabilities = np.exp(logits - logits.max())
+    probabilities /= probabilities.sum()
+    if settings.strategy == "top_p":
+        # Keep the most likely tokens until their probabilities add up to top_p.
+        order = np.argsort(-probabilities)
+        keep = order[: int(np.searchsorted(np.cumsum(probabilities[order]), settings.top_p)) + 1]
+        kept = np.zeros_like(probabilities)
+        kept[keep] = probabilities[keep]
+        probabilities = kept / kept.sum()
+    return int(rng.choice(probabilities.size, p=probabilities))
+
+
+def generate(model, tokenizer, settings: GenerateConfig) -> str:
+    """The prompt and its continuation of settings.max_new_tokens tokens; the same seed gives
+    the same text."""
+    ids = tokenizer.encode(settings.prompt).ids
+    if not ids:
+        raise PipelineError(f"the prompt {settings.prompt!r} encodes to no tokens")
+    block_size = model.get_layer("embedding").block_size
+    rng = np.random.default_rng(settings.seed)
+    for _ in range(settings.max_new_tokens):
+        context = ids[-block_size:]
+        logits = model(np.array([context], dtype=np.int32), training=False)
+        ids.append(next_token(np.asarray(logits[0, -1]), settings, rng))
+    return tokenizer.decode(ids)
+
+
+def generate_stage(spark, config: PipelineConfig, run: str) -> dict:
+    lake.require_stage(run, "train")
+    model, tokenizer = load_model(lake.join(run, MODEL_DIR))
+    text = generate(model, tokenizer, config.generate)
+    lake.write_text(lake.join(run, SAMPLES_FILE), text + "\n")
+    print(text, flush=True)
+    return {"prompt": config.generate.prompt, "new_tokens": config.generate.max_new_tokens,
+            "strategy": config.generate.strategy, "seed": config.generate.seed, "chars": len(text)}  # fmt: skip
+
+
+def cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spark_jobs.generate", description="Continue a prompt with a saved model.")
+    parser.add_argument("--model-dir", required=True, help="a model folder (path or URI), e.g. a run's model/")
+    parser.add_argument("--prompt")
+    parser.add_argument("--max-new-tokens", type=int)
+    parser.add_argument("--strategy", choices=["greedy", "top_k", "top_p"])
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--seed", type=int)
+    args = vars(parser.parse_args(argv))
+    model_uri = to_uri(args.pop("model_dir"))
+    try:
+        given = {key: value for key, value in args.items() if value is not None}
+        settings = load_config(overrides={"generate": given}).generate
+        print(generate(*load_model(model_uri), settings))
+    except PipelineError as error:
+        print(f"ERROR {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    if any(arg.split("=")[0] == "--model-dir" for arg in sys.argv[1:]):
+        sys.exit(cli(sys.argv[1:]))
+    run_stage("generate", generate_stage)

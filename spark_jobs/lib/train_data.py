@@ -1,0 +1,91 @@
+"""Training input: the export stage's manifest, each worker's shards copied to local disk, and
+tf.data pipelines over them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spark_jobs.lib import lake
+from spark_jobs.lib.config import PipelineConfig
+from spark_jobs.lib.errors import PipelineError
+
+MANIFEST = "tfrecords/manifest.json"
+SPLITS = ("train", "val")
+
+
+def read_manifest(run: str, config: PipelineConfig) -> dict:
+    """The export manifest, checked against the config the model will be built from."""
+    uri = lake.join(run, MANIFEST)
+    manifest = lake.read_json(uri)
+    missing = [key for key in ("block_size", "vocab_size", "num_shards", "splits") if key not in manifest]
+    if missing:
+        raise PipelineError(f"{uri} lacks {', '.join(missing)}")
+    if manifest["block_size"] != config.data.block_size:
+        raise PipelineError(
+            f"{uri}: block_size {manifest['block_size']} differs from data.block_size {config.data.block_size}; "
+            "re-run the window and export stages"
+        )
+    workers = config.train.num_workers
+    for split in SPLITS:
+        info = manifest["splits"].get(split)
+        if not info or not info.get("shards"):
+            raise PipelineError(f"{uri} lists no {split} shards")
+        if len(info["shards"]) % workers:
+            raise PipelineError(
+                f"{uri}: {len(info['shards'])} {split} shards cannot be split evenly across {workers} workers"
+            )
+        if info["windows"] < config.train.batch_size:
+            raise PipelineError(
+                f"{uri}: the {split} split has {info['windows']} windows, fewer than train.batch_size "
+                f"{config.train.batch_size}; use a larger corpus or a smaller block size or batch"
+            )
+    return manifest
+
+
+def worker_shards(manifest: dict, split: str, worker: int, workers: int) -> list[str]:
+    """Worker i reads shards i, i+W, i+2W, ... (paths relative to tfrecords/)."""
+    return manifest["splits"][split]["shards"][worker::workers]
+
+
+def copy_shards(run: str, shards: list[str], local_dir: Path) -> list[str]:
+    """TensorFlow reads no s3:// by itself: copy the shards to local disk (also done for file://,
+    which keeps one code path and costs little)."""
+    return [str(lake.download_file(lake.join(run, "tfrecords", shard), local_dir / shard)) for shard in shards]
+
+
+def windows_dataset(files: list[str], block_size: int):
+    import tensorflow as tf
+
+    features = {
+        "input_ids": tf.io.FixedLenFeature([block_size], tf.int64),
+        "target_ids": tf.io.FixedLenFeature([block_size], tf.int64),
+    }
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, features)
+        return tf.cast(example["input_ids"], tf.int32), tf.cast(example["target_ids"], tf.int32)
+
+    return tf.data.TFRecordDataset(files).map(parse, num_parallel_calls=tf.data.AUTOTUNE).cache()
+
+
+def train_batches(files: list[str], block_size: int, batch_size: int, seed: int, skip_batches: int):
+    """Shuffled (a new order each pass, the same orders on every attempt), repeated, batched; the
+    first `skip_batches` are skipped so a resumed run continues where its backup was taken."""
+    import tensorflow as tf
+
+    windows = windows_dataset(files, block_size)
+    return (
+        windows.shuffle(100_000, seed=seed, reshuffle_each_iteration=True)
+        .repeat()
+        .batch(batch_size, drop_remainder=True)
+        .skip(skip_batches)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def eval_batches(files: list[str], block_size: int, batch_size: int):
+    """The validation windows in order, repeated, so every worker can always take the same number
+    of batches (collective ops need every worker to run the same steps)."""
+    import tensorflow as tf
+
+    return windows_dataset(files, block_size).repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,67 @@
+"""Training-state backups in the run folder (for resuming) and the saved model.
+
+A backup is one .npz with the model's and the optimizer's variables, the step and the stats rows
+so far, written whole by the chief. It only exists while a training is unfinished: the chief
+removes it once the model is saved, so a later train stage starts over.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from spark_jobs.lib import lake
+
+BACKUP = "checkpoints/state.npz"
+MODEL_DIR = "model"
+MODEL_FILE = "model.keras"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def save_backup(run: str, step: int, model, optimizer, rows: list[dict], fingerprint: str) -> None:
+    arrays = {f"model_{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}
+    arrays |= {f"optimizer_{i}": v.numpy() for i, v in enumerate(optimizer.variables)}
+    meta = {"step": step, "rows": rows, "fingerprint": fingerprint}
+    buffer = io.BytesIO()
+    np.savez(buffer, meta=np.array(json.dumps(meta)), **arrays)
+    lake.write_bytes(lake.join(run, BACKUP), buffer.getvalue())
+
+
+def load_backup(run: str, model, optimizer, fingerprint: str) -> dict | None:
+    """Restore the last backup into the (built) model and optimizer; returns its meta
+    {step, rows}, or None when there is no backup of this training configuration."""
+    uri = lake.join(run, BACKUP)
+    if not lake.exists(uri):
+        return None
+    with np.load(io.BytesIO(lake.read_bytes(uri))) as saved:
+        meta = json.loads(str(saved["meta"]))
+        if meta["fingerprint"] != fingerprint:
+            print(f"[train] ignoring {uri}: it was taken with a different model, data or training configuration")
+            return None
+        model.set_weights([saved[f"model_{i}"] for i in range(len(model.weights))])
+        for i, variable in enumerate(optimizer.variables):
+            variable.assign(saved[f"optimizer_{i}"])
+    return meta
+
+
+def remove_backup(run: str) -> None:
+    lake.delete(lake.join(run, "checkpoints"))
+
+
+def save_model(run: str, model, tokenizer_json: bytes, is_chief: bool) -> None:
+    """Every worker saves (saving may involve collective ops under a multi-worker strategy);
+    only the chief's copy goes to model/, the others' temporary copies are removed."""
+    local = Path(tempfile.mkdtemp(prefix="gpt-pipeline-model-"))
+    try:
+        model.save(local / MODEL_FILE)
+        (local / TOKENIZER_FILE).write_bytes(tokenizer_json)
+        if is_chief:
+            lake.delete(lake.join(run, MODEL_DIR))
+            lake.upload_dir(local, lake.join(run, MODEL_DIR))
+    finally:
+        shutil.rmtree(local, ignore_errors=True)

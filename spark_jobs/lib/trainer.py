@@ -1,0 +1,286 @@
+"""One TensorFlow training worker: `python -m spark_jobs.lib.trainer --run-dir URI --threads N --result FILE`.
+
+The train stage starts one of these per barrier task with TF_CONFIG naming all workers. They
+train one model together under MultiWorkerMirroredStrategy: each worker reads its own shards,
+the gradients are summed across workers every step, so every worker holds the same weights.
+With Keras 3, `model.fit` fails under multi-worker MirroredStrategy (keras-team/keras#20585), so
+the loop is written out here: an XLA-compiled forward/backward pass inside `strategy.run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from spark_jobs.lib import lake, train_data, train_state
+from spark_jobs.lib.config import PipelineConfig
+from spark_jobs.lib.stage import load_run_config
+from spark_jobs.lib.train_stats import IntervalStats, epochs_csv, nats_per_char
+
+EPOCHS_CSV = "stats/epochs.csv"
+
+
+def fingerprint(config: PipelineConfig, manifest: dict) -> str:
+    """What a backup must match to be resumed: same data, model and training settings."""
+    settings = {key: config.model_dump()[key] for key in ("data", "embedding", "model", "train")}
+    return hashlib.sha256(json.dumps([settings, manifest], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def weights_digest(model) -> str:
+    digest = hashlib.sha256()
+    for weights in model.get_weights():
+        digest.update(np.ascontiguousarray(weights).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def build_optimizer(config: PipelineConfig):
+    import keras
+
+    class AllReducedAdamW(keras.optimizers.AdamW):
+        """AdamW fed gradients the step has already summed across workers (so the step can clip
+        by the global norm of the whole batch's gradient; Keras would clip each worker's part)."""
+
+        def _all_reduce_sum_gradients(self, grads_and_vars):
+            return list(grads_and_vars)
+
+    train = config.train
+    schedule = keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0,
+        decay_steps=train.max_steps - train.warmup_steps,
+        alpha=train.min_learning_rate / train.learning_rate,
+        warmup_target=train.learning_rate,
+        warmup_steps=train.warmup_steps,
+    )
+    optimizer = AllReducedAdamW(learning_rate=schedule, weight_decay=train.weight_decay, beta_2=0.99)
+    # As in GPT-2 training: no decay for biases and norm parameters.
+    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+    return optimizer, schedule
+
+
+class Worker:
+    """The model, optimizer, data and compiled steps of one worker."""
+
+    def __init__(self, config: PipelineConfig, run: str, strategy, local_dir: Path):
+        import tensorflow as tf
+
+        from spark_jobs.lib.model import build_decoder, initialise_embedding
+
+        self.tf, self.config, self.run, self.strategy = tf, config, run, strategy
+        resolver = strategy.cluster_resolver
+        self.index = resolver.task_id if resolver and resolver.task_id is not None else 0
+        self.workers = strategy.num_replicas_in_sync
+        self.is_chief = self.index == 0
+        self.manifest = train_data.read_manifest(run, config)
+        self.block_size = self.manifest["block_size"]
+        self.per_worker_batch = config.train.batch_size // self.workers
+        files = {
+            split: train_data.copy_shards(
+                run, train_data.worker_shards(self.manifest, split, self.index, self.workers), local_dir
+            )
+            for split in train_data.SPLITS
+        }
+        embeddings = lake.join(run, "embeddings")
+        token_vectors = (
+            np.load(io_bytes(lake.join(embeddings, "token_vectors.npy"))) if config.embedding.word2vec.enabled else None
+        )
+        positions = np.load(io_bytes(lake.join(embeddings, "positions.npy")))
+        model_config = config.model
+        with strategy.scope():
+            self.model = build_decoder(
+                vocab_size=self.manifest["vocab_size"], block_size=self.block_size, dim=config.embedding.dim,
+                n_layer=model_config.n_layer, n_head=model_config.n_head, mlp_ratio=model_config.mlp_ratio,
+                dropout=model_config.dropout,
+            )  # fmt: skip
+            initialise_embedding(self.model, token_vectors, positions)
+            self.optimizer, self.schedule = build_optimizer(config)
+            self.optimizer.build(self.model.trainable_variables)
+        self.fingerprint = fingerprint(config, self.manifest)
+        backup = train_state.load_backup(run, self.model, self.optimizer, self.fingerprint)
+        self.start_step = backup["step"] if backup else 0
+        self.rows = backup["rows"] if backup else []
+        self.train_iterator = iter(
+            strategy.distribute_datasets_from_function(
+                lambda _: train_data.train_batches(
+                    files["train"], self.block_size, self.per_worker_batch, config.train.seed, self.start_step
+                )
+            )
+        )
+        self.val_iterator = iter(
+            strategy.distribute_datasets_from_function(
+                lambda _: train_data.eval_batches(files["val"], self.block_size, self.per_worker_batch)
+            )
+        )
+        self._compile_steps()
+
+    def _compile_steps(self):
+        tf, model, workers = self.tf, self.model, self.workers
+        clip = self.config.train.grad_clip
+
+        def loss_and_accuracy(logits, targets):
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits))
+            accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), targets), tf.float32))
+            return loss, accuracy
+
+        @tf.function(jit_compile=True)
+        def forward_backward(inputs, targets):
+            with tf.GradientTape() as tape:
+                loss, accuracy = loss_and_accuracy(model(inputs, training=True), targets)
+                share = loss / workers  # summed over workers: the gradient of the whole batch's mean loss
+            grads = tape.gradient(share, model.trainable_variables)
+            # Dense (the embedding's gradient comes as IndexedSlices), for one packed all-reduce.
+            return share, accuracy / workers, [tf.convert_to_tensor(g) for g in grads]
+
+        @tf.function(jit_compile=True)
+        def forward(inputs, targets):
+            return loss_and_accuracy(model(inputs, training=False), targets)
+
+        def replica_train_step(inputs, targets):
+            loss, accuracy, grads = forward_backward(inputs, targets)
+            # One packed all-reduce: the batch-mean gradient and the batch's loss and accuracy.
+            summed = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, [*grads, loss, accuracy]
+            )
+            grads, norm = tf.clip_by_global_norm(summed[:-2], clip)
+            self.optimizer.apply(grads, model.trainable_variables)
+            return summed[-2], summed[-1], norm
+
+        def replica_eval_step(inputs, targets):
+            loss, accuracy = forward(inputs, targets)
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, [loss, accuracy])
+
+        def local(values):
+            return [self.strategy.experimental_local_results(value)[0] for value in values]
+
+        self.train_step = tf.function(lambda: local(self.strategy.run(replica_train_step, args=next(self.train_iterator))))
+        self.eval_step = tf.function(lambda: local(self.strategy.run(replica_eval_step, args=next(self.val_iterator))))
+
+    def evaluate(self, batches: int) -> tuple[float, float]:
+        results = np.array([[float(value) for value in self.eval_step()] for _ in range(batches)])
+        loss, accuracy = results.mean(axis=0)
+        return float(loss), float(accuracy)
+
+    def full_eval_batches(self) -> int:
+        """About one pass over the whole validation split."""
+        return max(1, math.ceil(self.manifest["splits"]["val"]["windows"] / self.config.train.batch_size))
+
+    def train(self) -> dict:
+        train, split = self.config.train, self.manifest["splits"]["val"]
+        tokens_per_step = train.batch_size * self.block_size
+        stats, interval_started = IntervalStats(), time.perf_counter()
+        loop_started, step_seconds = time.perf_counter(), 0.0
+        final = {}
+        for step in range(self.start_step + 1, train.max_steps + 1):
+            started = time.perf_counter()
+            loss, accuracy, norm = (float(value) for value in self.train_step())
+            seconds = time.perf_counter() - started
+            step_seconds += seconds
+            stats.add_step(loss, accuracy, norm, seconds)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"training loss became {loss} at step {step}; lower train.learning_rate")
+            if self.is_chief and (step % train.log_interval == 0 or step == train.max_steps):
+                rate = tokens_per_step / seconds
+                print(f"[train] step {step}/{train.max_steps} loss {loss:.4f} {rate:,.0f} tokens/s", flush=True)
+            last = step == train.max_steps
+            if step % train.eval_interval == 0 or last:
+                val_loss, val_accuracy = self.evaluate(self.full_eval_batches() if last else train.eval_batches)
+                row = stats.row(
+                    epoch=len(self.rows) + 1, step=step, duration_s=time.perf_counter() - interval_started,
+                    tokens_per_step=tokens_per_step, learning_rate=float(self.schedule(step - 1)),
+                    val_loss=val_loss, val_accuracy=val_accuracy, tokens=split["tokens"], chars=split["chars"],
+                    workers=self.workers, resumed_from_step=self.start_step,
+                )  # fmt: skip
+                self.rows.append(row)
+                if self.is_chief:
+                    print(
+                        f"[train] step {step}: val loss {val_loss:.4f}, {row['val_nats_per_char']:.4f} nats/char, "
+                        f"{row['tokens_per_s']:,.0f} tokens/s",
+                        flush=True,
+                    )
+                    lake.write_text(lake.join(self.run, EPOCHS_CSV), epochs_csv(self.rows))
+                final = row
+                stats, interval_started = IntervalStats(), time.perf_counter()
+            if step % train.checkpoint_interval == 0 and not last and self.is_chief:
+                train_state.save_backup(self.run, step, self.model, self.optimizer, self.rows, self.fingerprint)
+        steps = train.max_steps - self.start_step
+        return {
+            "worker": self.index,
+            "workers": self.workers,
+            "resumed_from_step": self.start_step,
+            "steps": steps,
+            "train_wall_s": round(time.perf_counter() - loop_started, 3),
+            "tokens_per_s": round(steps * tokens_per_step / step_seconds, 1) if steps else None,
+            "final_val_loss": final.get("val_loss"),
+            "final_val_nats_per_char": final.get("val_nats_per_char"),
+            "final_val_accuracy": final.get("val_accuracy"),
+            "parameters": int(sum(np.prod(w.shape) for w in self.model.trainable_weights)),
+        }
+
+    def save(self) -> None:
+        tokenizer = lake.read_bytes(lake.join(self.run, "tokenizer", "tokenizer.json"))
+        train_state.save_model(self.run, self.model, tokenizer, self.is_chief)
+        if self.is_chief:
+            train_state.remove_backup(self.run)
+
+
+def io_bytes(uri: str) -> io.BytesIO:
+    return io.BytesIO(lake.read_bytes(uri))
+
+
+def configure_tensorflow(threads: int):
+    import tensorflow as tf
+
+    # Each worker gets its share of the node's cores; concurrent workers on one node would
+    # otherwise each start a thread per core and fight over them.
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    return tf
+
+
+def make_strategy(tf):
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+        bytes_per_pack=64 * 1024 * 1024,  # all gradients in one collective per step
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def train_worker(config: PipelineConfig, run: str, threads: int) -> dict:
+    import keras
+
+    tf = configure_tensorflow(threads)
+    keras.utils.set_random_seed(config.train.seed)
+    strategy = make_strategy(tf)
+    local_dir = Path(tempfile.mkdtemp(prefix="gpt-pipeline-shards-"))
+    try:
+        worker = Worker(config, run, strategy, local_dir)
+        result = worker.train()
+        worker.save()
+    finally:
+        shutil.rmtree(local_dir, ignore_errors=True)
+    result["weights_digest"] = weights_digest(worker.model)
+    result["threads"] = threads
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="One multi-worker training process (started by the train stage).")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--result", required=True, help="local file the worker's summary is written to")
+    args = parser.parse_args(argv)
+    run = args.run_dir.rstrip("/")
+    result = train_worker(load_run_config(run), run, args.threads)
+    Path(args.result).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Stage train: the decoder trained by train.num_workers TensorFlow workers in a Spark barrier stage.
+
+Each barrier task picks a port, learns its peers' host:port through allGather, builds TF_CONFIG
+from them and runs one training worker (spark_jobs/lib/trainer.py) under
+MultiWorkerMirroredStrategy. If any worker fails, Spark retries the whole barrier stage and the
+workers resume from the last training-state backup in the run folder.
+
+Reads tfrecords/, embeddings/, tokenizer/; writes model/, stats/epochs.csv and stats/train.json.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from spark_jobs.lib import lake, train_data
+from spark_jobs.lib.config import PipelineConfig
+from spark_jobs.lib.stage import run_stage
+
+PR_SET_PDEATHSIG = 1
+
+
+def train(spark, config: PipelineConfig, run: str) -> dict:
+    for stage in ("tokenize", "positional_embed", "export"):
+        lake.require_stage(run, stage)
+    train_data.read_manifest(run, config)  # bad input fails here, before any worker starts
+    workers = config.train.num_workers
+    results = (
+        spark.sparkContext.parallelize(range(workers), workers)
+        .barrier()
+        .mapPartitions(lambda _: [train_task(run)])
+        # Spark retries a failed barrier stage only when it is a shuffle-map stage (a failed
+        # barrier result stage aborts the job), so the results go through a shuffle.
+        .repartition(1)
+        .collect()
+    )
+    results.sort(key=lambda result: result["worker"])
+    chief = results[0]
+    return {
+        "workers": workers,
+        "resumed_from_step": chief["resumed_from_step"],
+        "steps": config.train.max_steps,
+        "steps_this_attempt": chief["steps"],
+        "train_wall_s": chief["train_wall_s"],
+        "tokens_per_s": chief["tokens_per_s"],
+        "final_val_loss": chief["final_val_loss"],
+        "final_val_nats_per_char": chief["final_val_nats_per_char"],
+        "final_val_accuracy": chief["final_val_accuracy"],
+        "parameters": chief["parameters"],
+        "worker_results": results,
+    }
+
+
+def train_task(run: str) -> dict:
+    """One barrier task: agree on the cluster with the other tasks, then run a training worker."""
+    from pyspark import BarrierTaskContext
+
+    context = BarrierTaskContext.get()
+    index = context.partitionId()
+    host = context.getTaskInfos()[index].address.rsplit(":", 1)[0]
+    addresses = context.allGather(f"{host}:{free_port()}")  # ordered by partition id
+    tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+    workers_on_host = sum(address.rsplit(":", 1)[0] == host for address in addresses)
+    threads = max(1, (os.cpu_count() or 1) // workers_on_host)
+    result = run_worker_process(run, tf_config, threads)
+    result["task_attempt"] = context.attemptNumber()
+    result["host"] = host
+    return result
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def run_worker_process(run: str, tf_config: dict, threads: int) -> dict:
+    """TensorFlow runs in a fresh process rather than in the forked pyspark worker: its thread pools
+    and gRPC server are not fork-safe, each stage attempt gets a clean collective runtime, and a
+    worker that dies (or is killed) shows up as an exit code the task turns into a failure."""
+    with tempfile.TemporaryDirectory(prefix="gpt-pipeline-worker-") as scratch:
+        result_file = Path(scratch) / "result.json"
+        env = {
+            **os.environ,
+            "TF_CONFIG": json.dumps(tf_config),
+            "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),
+            "TF_CPP_MIN_LOG_LEVEL": "1",
+        }
+        argv = [sys.executable, "-m", "spark_jobs.lib.trainer", "--run-dir", run, "--threads", str(threads),
+                "--result", str(result_file)]  # fmt: skip
+        completed = subprocess.run(argv, env=env, preexec_fn=die_with_parent)
+        index = tf_config["task"]["index"]
+        if completed.returncode != 0:
+            raise RuntimeError(f"training worker {index} exited with code {completed.returncode}")
+        return json.loads(result_file.read_text())
+
+
+def die_with_parent() -> None:
+    """When Spark kills a task's Python worker (its barrier stage failed or was cancelled), the
+    training process must die with it; it would otherwise wait forever for its dead peers."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    run_stage("train", train)
