@@ -171,10 +171,6 @@ class PipelineConfig(_Section):
                 f"train.batch_size ({self.train.batch_size}) must be a multiple of train.num_workers "
                 f"({self.train.num_workers})"
             )
-        if self.train.warmup_steps >= self.train.max_steps:
-            raise ValueError(
-                f"train.warmup_steps ({self.train.warmup_steps}) must be below train.max_steps ({self.train.max_steps})"
-            )
         if self.train.min_learning_rate > self.train.learning_rate:
             raise ValueError("train.min_learning_rate must not exceed train.learning_rate")
         if self.target == "emr" and not self.lake.startswith("s3://"):

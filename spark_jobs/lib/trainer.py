@@ -55,7 +55,7 @@ def build_optimizer(config: PipelineConfig):
     train = config.train
     schedule = keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0,
-        decay_steps=train.max_steps - train.warmup_steps,
+        decay_steps=max(1, train.max_steps - train.warmup_steps),
         alpha=train.min_learning_rate / train.learning_rate,
         warmup_target=train.learning_rate,
         warmup_steps=train.warmup_steps,
