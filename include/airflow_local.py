@@ -25,7 +25,8 @@ from spark_jobs.lib.config import REPO_ROOT, PipelineConfig, load_config
 from spark_jobs.lib.errors import PipelineError
 
 DAG_ID = "gpt_pipeline"
-AIRFLOW_HOME = REPO_ROOT / "airflow_home"
+# Tests give the command a home of their own through this variable.
+AIRFLOW_HOME = Path(os.environ.get("GPT_PIPELINE_AIRFLOW_HOME") or REPO_ROOT / "airflow_home")
 AIRFLOW = Path(sys.executable).parent / "airflow"
 
 
@@ -102,8 +103,9 @@ def ui(config: PipelineConfig) -> int:
         env.setdefault("AIRFLOW__API__PORT", "8080")
         api = f"http://{env['AIRFLOW__API__HOST']}:{env['AIRFLOW__API__PORT']}"
         env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{api}/execution/"
-        # One local user: no login page; the API server listens on loopback only.
-        env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "True"
+        # One local user: no login page; the API server listens on loopback only. Setting the
+        # variable to False brings back the login page (user admin, password in airflow_home/).
+        env.setdefault("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "True")
         print(f"Airflow UI: {api} (DAG {DAG_ID}); "
               f"S3 (moto): {s3.endpoint_url}; Ctrl-C stops both", flush=True)
         return serve(env)

@@ -62,7 +62,7 @@ def build_report(run: RunFolder, s3_uri: str, stages: tuple[str, ...]) -> dict:
         "run_folder": run.uri,
         "s3_uri": s3_uri,
         "final_val_loss": train.get("final_val_loss"),
-        "val_nats_per_char": train.get("val_nats_per_char"),
+        "val_nats_per_char": train.get("final_val_nats_per_char"),
         "stage_seconds": {stage: run.read_json(f"stats/{stage}.json").get("duration_s") for stage in stages},
         "train": train,
         "sample": run.read("samples.txt").decode("utf-8"),

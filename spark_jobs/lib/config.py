@@ -200,11 +200,16 @@ def _describe(error: ValidationError) -> str:
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """'train.max_steps=200' -> (['train', 'max_steps'], 200). Values are parsed as YAML."""
+    """'train.max_steps=200' -> (['train', 'max_steps'], 200). Values are parsed as YAML; what YAML
+    cannot parse (e.g. schedule=@weekly) stays a string."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} is not of the form section.key=value")
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw.strip()
+    return key.strip().split("."), value
 
 
 def apply_overrides(data: dict, overrides: list[str | dict] | dict | None) -> dict:

@@ -1,0 +1,99 @@
+"""The gpt_pipeline DAG as Airflow parses it: integrity, task order, schedule and the trigger form."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from airflow.dag_processing.dagbag import DagBag
+from airflow.sdk import AssetOrTimeSchedule
+
+from include import trigger_form
+from include.spark_submit import STAGES
+from spark_jobs.lib.config import REPO_ROOT, ConfigError, load_config, read_yaml
+
+DAG_ID = "gpt_pipeline"
+PIPELINE = ["validate_config", *STAGES, "collect"]
+
+
+@pytest.fixture(scope="module")
+def dagbag() -> DagBag:
+    return DagBag(dag_folder=str(REPO_ROOT / "dags"))
+
+
+@pytest.fixture(scope="module")
+def dag(dagbag):
+    return dagbag.dags[DAG_ID]
+
+
+@pytest.fixture(scope="module")
+def dag_module():
+    return importlib.import_module("dags.gpt_pipeline")
+
+
+def test_dags_folder_imports_cleanly(dagbag):
+    assert dagbag.import_errors == {}
+    assert DAG_ID in dagbag.dag_ids
+
+
+def test_tasks_run_in_pipeline_order(dag):
+    dag.check_cycle()
+    assert sorted(dag.task_ids) == sorted(PIPELINE)
+    for upstream, downstream in zip(PIPELINE, PIPELINE[1:]):
+        assert downstream in dag.get_task(upstream).downstream_task_ids, f"{upstream} >> {downstream}"
+    # Nothing but validate_config (which hands the run folder to every task) skips ahead.
+    for position, task_id in enumerate(PIPELINE[1:], start=1):
+        assert dag.get_task(task_id).upstream_task_ids == {PIPELINE[position - 1], "validate_config"}
+
+
+def test_owner_retries_and_tags(dag):
+    assert {task.owner for task in dag.tasks} == {"ml-platform"}
+    assert dag.get_task("validate_config").retries == 0  # a bad config does not get better
+    assert all(dag.get_task(task_id).retries >= 1 for task_id in PIPELINE[1:])
+    assert {"gpt-pipeline", "spark", "tensorflow", "target-local"} <= set(dag.tags)
+
+
+def test_one_run_at_a_time_no_catchup_and_retraining_on_corpus_updates(dag):
+    assert dag.max_active_runs == 1
+    assert dag.catchup is False
+    corpus = load_config().corpus
+    assert {asset.uri for asset in dag.timetable.asset_condition.objects} == set(corpus)
+
+
+def test_schedule_from_config_adds_a_cron_or_preset_to_the_corpus_asset(dag_module):
+    schedule = dag_module.retraining_schedule(load_config(overrides=["schedule=@weekly"]))
+    assert isinstance(schedule, AssetOrTimeSchedule)
+    assert schedule.timetable.expression == "0 0 * * 0"
+    with pytest.raises(ConfigError, match=r"schedule: .*\(got 'every monday'\)"):
+        dag_module.retraining_schedule(load_config(overrides=["schedule=every monday"]))
+
+
+def test_form_shows_the_yaml_defaults(dag):
+    defaults = read_yaml(REPO_ROOT / "include" / "config" / "pipeline.yaml")
+    assert dag.params["max_steps"] == defaults["train"]["max_steps"]
+    assert dag.params["stride"] == defaults["data"]["stride"]
+    assert dag.params["corpus"] == defaults["corpus"]
+    assert dag.params["overrides"] == []
+
+
+def test_form_values_become_config_fields():
+    values = {"max_steps": 40, "stride": 8, "num_workers": 1, "corpus": "/data/*.txt", "overrides": ["data.shards=3"]}
+    config = load_config(overrides=trigger_form.overrides(values))
+    assert (config.train.max_steps, config.data.stride, config.train.num_workers) == (40, 8, 1)
+    assert config.data.shards == 3
+    assert config.corpus == ["file:///data/*.txt"]  # the glob is taken as it is, not parsed as YAML
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"stride": 0}, r"data\.stride: Input should be greater than or equal to 1 \(got 0\)"),
+        ({"num_workers": 3}, r"data\.shards \(4\) must be a multiple of train\.num_workers \(3\)"),
+        ({"run_name": "my run"}, r"run_name: String should match pattern"),
+        ({"overrides": ["data.window_size=64"]}, r"data\.window_size: unknown key"),
+        ({"max_step": 10}, r"unknown trigger parameter\(s\) max_step"),
+    ],
+)
+def test_bad_form_values_name_the_field(values, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=trigger_form.overrides(values))
