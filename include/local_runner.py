@@ -14,14 +14,30 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from include.spark_submit import STAGES, local_master, package_code, spark_submit_argv
+from include.spark_submit import STAGE_FILES, STAGES, local_master, package_code, spark_submit_argv
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import ConfigError, PipelineConfig, load_config
+from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig, load_config
 from spark_jobs.lib.errors import PipelineError
 
 
 class StageFailed(RuntimeError):
     pass
+
+
+def available_stages() -> tuple[str, ...]:
+    """The stages, in order, whose application file exists in spark_jobs/."""
+    return tuple(stage for stage in STAGES if (REPO_ROOT / "spark_jobs" / STAGE_FILES[stage]).is_file())
+
+
+def describe(stage: str, stats: dict) -> list[str]:
+    """Where a completed stage's outputs are and their counts, from its stats file."""
+    if "outputs" not in stats:
+        return [f"  {stage}: {stats}"]
+    lines = [f"  {stage} ({stats.get('duration_s', '?')} s)"]
+    lines += [f"    {name}: {uri}" for name, uri in stats["outputs"].items()]
+    for split, counts in stats.get("splits", {}).items():
+        lines.append(f"    {split}: " + ", ".join(f"{key} {value:,}" if isinstance(value, int) else f"{key} {value}" for key, value in counts.items()))
+    return lines
 
 
 def spark_env() -> dict[str, str]:
@@ -49,7 +65,8 @@ def run_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) 
         raise StageFailed(f"stage {stage} failed with exit code {completed.returncode} (command: {' '.join(argv)})")
 
 
-def run_pipeline(config: PipelineConfig, run_id: str, stages: tuple[str, ...] = STAGES) -> str:
+def run_pipeline(config: PipelineConfig, run_id: str, stages: tuple[str, ...] | None = None) -> str:
+    stages = available_stages() if stages is None else stages
     run_dir = lake.create_run(config, run_id)
     with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as code_dir:
         package_code(Path(code_dir))
@@ -65,7 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--corpus", help="corpus path, glob or URI (overrides the config's corpus)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--run-id", help="run folder name (default: {run_name}-{UTC timestamp})")
-    parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated stages to run, in order")
+    parser.add_argument(
+        "--stages", default=",".join(available_stages()), help="comma-separated stages to run, in order (default: all)"
+    )
     return parser.parse_args(argv)
 
 
@@ -87,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"run folder: {run_dir}")
     for stage in stages:
-        print(f"  {stage}: {lake.read_json(lake.stats_uri(run_dir, stage))}")
+        print("\n".join(describe(stage, lake.read_json(lake.stats_uri(run_dir, stage)))))
     return 0
 
 

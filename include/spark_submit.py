@@ -30,7 +30,8 @@ def package_code(dest: Path) -> Path:
     entries = dest / "spark_jobs"
     entries.mkdir(parents=True, exist_ok=True)
     for name in STAGE_FILES.values():
-        (entries / name).write_bytes((source / name).read_bytes())
+        if (source / name).is_file():  # a stage still being written is simply not shipped
+            (entries / name).write_bytes((source / name).read_bytes())
     archive = dest / LIBRARY_ZIP
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
         for file in sorted(source.rglob("*.py")):
@@ -39,7 +40,8 @@ def package_code(dest: Path) -> Path:
 
 
 def stage_conf(stage: str, config: PipelineConfig) -> dict[str, str]:
-    conf = {"spark.sql.execution.arrow.pyspark.enabled": "true"}
+    # WARN: Spark's INFO lines would bury the stages' own output (and their one-line errors).
+    conf = {"spark.sql.execution.arrow.pyspark.enabled": "true", "spark.log.level": "WARN"}
     if stage == "train":
         # Barrier stages cannot run with dynamic allocation (EMR turns it on by default).
         conf["spark.dynamicAllocation.enabled"] = "false"

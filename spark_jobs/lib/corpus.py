@@ -1,0 +1,178 @@
+"""Corpus files for the tokenize stage: byte pieces cut at line ends, the UTF-8/binary check, the
+train/validation boundary and the driver's tokenizer-training sample.
+
+Each file is cut into pieces of about `piece_bytes` bytes, each cut placed just after a newline
+(or, in a file without newlines nearby, at a UTF-8 character boundary), so every piece decodes on
+its own and executors read and encode pieces in parallel. The validation part of a file is its
+last `val_fraction` of characters: the boundary is character int(n_chars * (1 - val_fraction)),
+nanoGPT's shakespeare split.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+
+from pyarrow import fs as pafs
+
+from spark_jobs.lib import lake
+from spark_jobs.lib.errors import PipelineError
+
+MIN_PIECE_BYTES = 16 * 1024
+MAX_PIECE_BYTES = 8 * 1024 * 1024
+LOOKAHEAD_BYTES = 64 * 1024  # how far past a nominal cut we look for a newline
+
+
+@dataclass(frozen=True)
+class Piece:
+    doc_id: int  # index of the file in the sorted corpus file list
+    path: str  # file URI
+    index: int  # order of the piece within its file
+    start: int  # byte range [start, end)
+    end: int
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What pass 1 learns of a piece."""
+
+    doc_id: int
+    index: int
+    chars: int
+    problem: str | None  # why the file cannot be used, with the byte offset
+
+
+@dataclass(frozen=True)
+class Document:
+    """A usable corpus file."""
+
+    doc_id: int
+    path: str
+    size: int  # bytes
+    chars: int
+    boundary: int  # first validation character
+
+
+def file_size(uri: str) -> int:
+    fs, path = lake.filesystem(uri)
+    info = fs.get_file_info(path)
+    if info.type != pafs.FileType.File:
+        raise PipelineError(f"corpus file {uri} does not exist")
+    return info.size
+
+
+def read_range(uri: str, start: int, length: int) -> bytes:
+    fs, path = lake.filesystem(uri)
+    with fs.open_input_file(path) as handle:
+        return handle.read_at(length, start)
+
+
+def piece_bytes(total_bytes: int, parallelism: int) -> int:
+    """About two pieces per task slot, within [MIN_PIECE_BYTES, MAX_PIECE_BYTES]."""
+    wanted = -(-total_bytes // max(1, 2 * parallelism))
+    return max(MIN_PIECE_BYTES, min(MAX_PIECE_BYTES, wanted))
+
+
+def snap_cut(nominal: int, following: bytes) -> int | None:
+    """Where to cut near byte `nominal`, given the bytes from nominal - 1 on: just after the first
+    newline at or after nominal - 1, else at the first UTF-8 character start at or after nominal;
+    None when the file ends first."""
+    newline = following.find(b"\n")
+    if newline >= 0:
+        return nominal - 1 + newline + 1
+    for step, byte in enumerate(following[1:5]):
+        if byte & 0xC0 != 0x80:  # not a continuation byte
+            return nominal + step
+    return None
+
+
+def plan_pieces(files: list[tuple[str, int]], parallelism: int) -> list[Piece]:
+    """Pieces of every (uri, size) file, read ahead at each nominal cut to place it."""
+    target = piece_bytes(sum(size for _, size in files), parallelism)
+    pieces = []
+    for doc_id, (uri, size) in enumerate(files):
+        count = max(1, -(-size // target))
+        cuts = [0]
+        for k in range(1, count):
+            nominal = k * size // count
+            if nominal <= cuts[-1]:
+                continue
+            cut = snap_cut(nominal, read_range(uri, nominal - 1, min(LOOKAHEAD_BYTES, size - nominal + 1)))
+            if cut is not None and cuts[-1] < cut < size:
+                cuts.append(cut)
+        cuts.append(size)
+        pieces += [Piece(doc_id, uri, index, start, end) for index, (start, end) in enumerate(zip(cuts, cuts[1:]))]
+    return pieces
+
+
+def check_text(data: bytes, offset: int = 0) -> tuple[int, str | None]:
+    """(characters, problem) of a piece's bytes that start at byte `offset` of their file."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return 0, f"is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {offset + error.start})"
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        return len(text), f"looks binary (NUL byte at offset {offset + nul})"
+    return len(text), None
+
+
+def scan_piece(piece: Piece) -> Scan:
+    chars, problem = check_text(read_range(piece.path, piece.start, piece.end - piece.start), piece.start)
+    return Scan(piece.doc_id, piece.index, chars, problem)
+
+
+def split_boundary(n_chars: int, val_fraction: float) -> int:
+    """Index of the first validation character of a file of n_chars characters."""
+    return int(n_chars * (1 - val_fraction))
+
+
+def assess(
+    files: list[tuple[str, int]], scans: list[Scan], *, val_fraction: float, bad_files: str
+) -> tuple[list[Document], list[dict], list[str]]:
+    """The usable documents, the skipped files ({path, reason}) and warnings. Raises PipelineError
+    for a bad file when bad_files is 'fail', and for a corpus with no text left."""
+    chars = [0] * len(files)
+    problems: dict[int, str] = {}
+    for scan in sorted(scans, key=lambda scan: (scan.doc_id, scan.index)):
+        chars[scan.doc_id] += scan.chars
+        if scan.problem and scan.doc_id not in problems:
+            problems[scan.doc_id] = scan.problem
+    documents, skipped, warnings = [], [], []
+    for doc_id, (uri, size) in enumerate(files):
+        if doc_id in problems:
+            if bad_files == "fail":
+                raise PipelineError(
+                    f"corpus file {uri} {problems[doc_id]}; set data.bad_files=skip to leave such files out"
+                )
+            skipped.append({"path": uri, "reason": problems[doc_id]})
+            warnings.append(f"skipping corpus file {uri}: it {problems[doc_id]} (data.bad_files=skip)")
+        elif chars[doc_id] == 0:
+            skipped.append({"path": uri, "reason": "empty"})
+            warnings.append(f"skipping corpus file {uri}: it is empty")
+        else:
+            documents.append(Document(doc_id, uri, size, chars[doc_id], split_boundary(chars[doc_id], val_fraction)))
+    if not documents:
+        names = ", ".join(uri for uri, _ in files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+        if all(item["reason"] == "empty" for item in skipped):
+            raise PipelineError(
+                f"corpus file {names} is empty" if len(files) == 1 else f"the corpus is empty: {names} hold no text"
+            )
+        raise PipelineError(f"the corpus has no usable text: every file is bad or empty ({names})")
+    return documents, skipped, warnings
+
+
+def training_sample(documents: list[Document], cap_bytes: int) -> list[str]:
+    """The tokenizer's training text: every document's training part when they hold at most
+    cap_bytes together, else a prefix of each training part proportional to its size."""
+    train_bytes = [doc.size * doc.boundary // doc.chars for doc in documents]
+    total = sum(train_bytes)
+    texts = []
+    for doc, size in zip(documents, train_bytes):
+        # Under the cap: the whole file, cut at the boundary below. Over it: a proportional prefix.
+        length = doc.size if total <= cap_bytes else cap_bytes * size // total
+        if length <= 0:
+            continue
+        text = codecs.getincrementaldecoder("utf-8")().decode(read_range(doc.path, 0, length), final=False)
+        texts.append(text[: doc.boundary])
+    return texts

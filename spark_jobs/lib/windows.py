@@ -1,0 +1,137 @@
+"""Sliding windows over token sequences: the pure logic of the window stage.
+
+A sequence is one corpus file's train or validation part. Its tokens are stored as ordered pieces
+(rows of tokens/); windows are cut per sequence, as if the pieces were one array: a window that
+starts in a piece may run into the pieces after it. For a sequence of n tokens, block size T and
+stride S the window starts are 0, S, 2S, ... while start + T + 1 <= n, i.e.
+floor((n - T - 1) / S) + 1 windows when n >= T + 1, else none. No window crosses from one
+sequence into another, so none straddles the train/validation boundary or two files.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from spark_jobs.lib.errors import PipelineError
+
+SPLITS = ("train", "val")
+
+
+def window_count(n_tokens: int, block_size: int, stride: int) -> int:
+    """Windows of block_size + 1 tokens, `stride` apart, in a sequence of n_tokens."""
+    if n_tokens < block_size + 1:
+        return 0
+    return (n_tokens - block_size - 1) // stride + 1
+
+
+def window_starts(n_tokens: int, block_size: int, stride: int) -> np.ndarray:
+    return np.arange(window_count(n_tokens, block_size, stride), dtype=np.int64) * stride
+
+
+def cut_windows(ids: np.ndarray, starts: np.ndarray, block_size: int) -> np.ndarray:
+    """Windows [len(starts), block_size + 1] of ids beginning at `starts`."""
+    return ids[starts[:, None] + np.arange(block_size + 1)]
+
+
+@dataclass(frozen=True)
+class PiecePlan:
+    """The windows that start in one piece of a sequence."""
+
+    first: int  # position in the piece of its first window start
+    count: int  # windows starting in this piece
+    offset: int  # position of the piece's first token in its sequence
+    index: int  # index of the piece's first window among all windows of its split
+    tail: tuple[int, ...]  # the (up to block_size) tokens that follow the piece in its sequence
+
+    def windows(self, ids: np.ndarray, block_size: int, stride: int, limit: int | None = None):
+        """(window starts in the sequence, window indices in the split, windows) of this piece's ids,
+        at most `limit` windows at a time."""
+        sequence = np.concatenate([np.asarray(ids, dtype=np.int32), np.asarray(self.tail, dtype=np.int32)])
+        limit = limit or max(self.count, 1)
+        for begin in range(0, self.count, limit):
+            ks = np.arange(begin, min(begin + limit, self.count), dtype=np.int64)
+            local = self.first + ks * stride
+            yield self.offset + local, self.index + ks, cut_windows(sequence, local, block_size)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What the planner needs to know of a tokens/ row."""
+
+    doc_id: int
+    split: str
+    piece: int
+    n_tokens: int
+    head: tuple[int, ...]  # its first block_size tokens (all of them when shorter)
+
+
+def plan_windows(pieces: list[Piece], block_size: int, stride: int) -> tuple[dict[tuple[int, str, int], PiecePlan], dict]:
+    """Which windows each piece produces, and per split counts:
+    ({(doc_id, split, piece): PiecePlan}, {split: {"windows", "tokens", "sequences"}, "sequences": [...]})."""
+    by_sequence: dict[tuple[int, str], list[Piece]] = defaultdict(list)
+    for item in pieces:
+        by_sequence[(item.doc_id, item.split)].append(item)
+    plans: dict[tuple[int, str, int], PiecePlan] = {}
+    next_index = dict.fromkeys(SPLITS, 0)
+    totals = {split: {"windows": 0, "tokens": 0, "sequences": 0} for split in SPLITS}
+    sequences = []
+    for doc_id, split in sorted(by_sequence, key=lambda key: (key[1], key[0])):
+        ordered = sorted(by_sequence[(doc_id, split)], key=lambda item: item.piece)
+        n_total = sum(item.n_tokens for item in ordered)
+        n_windows = window_count(n_total, block_size, stride)
+        offset = 0
+        for position, item in enumerate(ordered):
+            first_k = -(-offset // stride)
+            end_k = min(n_windows, -(-(offset + item.n_tokens) // stride))
+            count = max(0, end_k - first_k)
+            tail: list[int] = []
+            for following in ordered[position + 1 :]:
+                if len(tail) >= block_size:
+                    break
+                tail.extend(following.head[: block_size - len(tail)])
+            plans[(doc_id, split, item.piece)] = PiecePlan(
+                first=first_k * stride - offset,
+                count=count,
+                offset=offset,
+                index=next_index[split] + first_k if count else next_index[split],
+                tail=tuple(tail) if count else (),
+            )
+            offset += item.n_tokens
+        next_index[split] += n_windows
+        totals[split]["windows"] += n_windows
+        totals[split]["tokens"] += n_total
+        totals[split]["sequences"] += 1
+        sequences.append({"doc_id": doc_id, "split": split, "tokens": n_total, "windows": n_windows})
+    return plans, {"splits": totals, "sequences": sequences}
+
+
+def check_windows(counts: dict, block_size: int, paths: dict[int, str]) -> list[str]:
+    """Stop with a message naming the file(s) when a split has no window at all; return warnings
+    for files whose part of a split is too short to give one."""
+    needed = block_size + 1
+    split_names = {"train": "training part", "val": "validation part"}
+    for split in SPLITS:
+        if counts["splits"].get(split, {}).get("windows", 0) == 0:
+            parts = [seq for seq in counts["sequences"] if seq["split"] == split]
+            longest = max(parts, key=lambda seq: seq["tokens"], default=None)
+            if longest is None:
+                where = "corpus"
+            elif len(paths) == 1:
+                where = f"corpus file {paths[longest['doc_id']]}"
+            else:
+                where = f"corpus ({len(paths)} files; longest {split_names[split]}: {paths[longest['doc_id']]})"
+            have = longest["tokens"] if longest else 0
+            raise PipelineError(
+                f"{where} is shorter than one window: its {split_names[split]} has {have} tokens and a window needs "
+                f"data.block_size + 1 = {needed}; use more text, a smaller data.block_size"
+                + (" or a larger data.val_fraction" if split == "val" else "")
+            )
+    return [
+        f"corpus file {paths[seq['doc_id']]}: its {split_names[seq['split']]} has {seq['tokens']} tokens, "
+        f"fewer than one window ({needed}); it contributes no {seq['split']} window"
+        for seq in counts["sequences"]
+        if seq["windows"] == 0
+    ]

@@ -1,0 +1,95 @@
+"""Stage `positional_embed`: windows/ -> embeddings/token_vectors.npy, positions.npy, meta.json.
+
+token_vectors.npy, float32 [V, D] (V = tokenizer.vocab_size, D = embedding.dim): Spark MLlib
+Word2Vec trained on training windows as sentences (token ids as words), at most
+embedding.word2vec.max_sentences of them, evenly spread over the training split. Ids Word2Vec
+never saw (or all ids, when embedding.word2vec.enabled is false) get seeded random rows of
+standard deviation 0.02. positions.npy, float32 [T, D]: the sinusoidal table. The model adds the
+two, so no per-window float tensors are ever written.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from spark_jobs.lib import embeddings, lake
+from spark_jobs.lib.stage import run_stage
+
+STAGE = "positional_embed"
+
+
+def word2vec_vectors(spark, config, windows_uri: str, train_windows: int) -> tuple[dict[int, np.ndarray], dict]:
+    """Learned vectors by token id, and what to record about the training."""
+    from pyspark.ml.feature import Word2Vec
+    from pyspark.sql import functions as F
+
+    settings = config.embedding.word2vec
+    every = max(1, math.ceil(train_windows / settings.max_sentences))
+    sentences = (
+        spark.read.parquet(windows_uri)
+        .where((F.col("split") == "train") & (F.col("idx") % every == 0))
+        .select(F.transform("ids", lambda token: token.cast("string")).alias("sentence"))
+        .cache()
+    )
+    n_sentences = sentences.count()
+    partitions = spark.sparkContext.defaultParallelism
+    model = Word2Vec(
+        vectorSize=config.embedding.dim,
+        windowSize=settings.window,
+        minCount=settings.min_count,
+        maxIter=settings.max_iter,
+        seed=settings.seed,
+        numPartitions=partitions,
+        maxSentenceLength=config.data.block_size + 1,
+        inputCol="sentence",
+    ).fit(sentences)
+    learned = {int(row.word): np.asarray(row.vector.toArray(), dtype=np.float32) for row in model.getVectors().collect()}
+    sentences.unpersist()
+    values = np.stack(list(learned.values())) if learned else np.zeros((0, config.embedding.dim))
+    return learned, {
+        "sentences": n_sentences,
+        "every_nth_window": every,
+        "num_partitions": partitions,
+        "learned_ids": len(learned),
+        "vector_std": round(float(values.std()), 6) if learned else None,
+    }
+
+
+def body(spark, config, run: str) -> dict:
+    tokenize = lake.require_stage(run, "tokenize")
+    window = lake.require_stage(run, "window")
+    vocab_size, dim, block_size = config.tokenizer.vocab_size, config.embedding.dim, config.data.block_size
+    settings = config.embedding.word2vec
+    learned, word2vec = {}, {"enabled": settings.enabled}
+    if settings.enabled:
+        learned, details = word2vec_vectors(spark, config, window["outputs"]["windows"], window["splits"]["train"]["windows"])
+        word2vec.update(details)
+        word2vec.update(window=settings.window, min_count=settings.min_count, max_iter=settings.max_iter, seed=settings.seed)
+    word2vec["coverage"] = round(len(learned) / vocab_size, 6)  # share of the V rows that Word2Vec learned
+    tokenizer_vocab = tokenize["tokenizer"]["vocab_size"]
+
+    folder = lake.join(run, "embeddings")
+    outputs = {
+        "token_vectors": lake.join(folder, "token_vectors.npy"),
+        "positions": lake.join(folder, "positions.npy"),
+        "meta": lake.join(folder, "meta.json"),
+    }
+    embeddings.write_npy(outputs["token_vectors"], embeddings.token_table(vocab_size, dim, settings.seed, learned))
+    embeddings.write_npy(outputs["positions"], embeddings.sinusoidal(block_size, dim))
+    meta = {
+        "vocab_size": vocab_size,
+        "tokenizer_vocab_size": tokenizer_vocab,
+        "dim": dim,
+        "block_size": block_size,
+        "token_vectors": {"shape": [vocab_size, dim], "dtype": "float32", "random_row_std": embeddings.RANDOM_ROW_STD},
+        "positions": {"shape": [block_size, dim], "dtype": "float32", "kind": "sinusoidal"},
+        "word2vec": word2vec,
+    }
+    lake.write_json(outputs["meta"], meta)
+    return {"word2vec": word2vec, "vocab_size": vocab_size, "dim": dim, "block_size": block_size, "outputs": outputs}
+
+
+if __name__ == "__main__":
+    run_stage(STAGE, body)

@@ -1,0 +1,176 @@
+"""Stage `tokenize`: corpus files -> tokenizer/tokenizer.json and tokens/ (Parquet).
+
+1. The driver cuts every corpus file into byte pieces at line ends (spark_jobs.lib.corpus).
+2. Executors read the pieces, check that they are UTF-8 text without NUL bytes, and count their
+   characters. A bad file stops the stage (data.bad_files=fail) or is left out with a warning
+   (skip); empty files are left out.
+3. The driver trains a byte-level BPE on the training parts (the first 1 - data.val_fraction of
+   each file's characters), at most tokenizer.train_sample_mb MB of them, and writes tokenizer.json.
+4. Executors encode the pieces with the tokenizer broadcast to them and write tokens/ with pyarrow,
+   one part file per piece and one row per piece and split: doc_id (the file's index in the sorted
+   corpus list), path (its URI), split ("train"/"val"), piece (order within the file), chars,
+   n_tokens and ids (array<int>). A file's train (val) tokens are its train (val) rows' ids
+   concatenated in piece order.
+
+Not named tokenize.py: spark-submit puts this folder first on sys.path, which would shadow the
+standard library's `tokenize` module.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from spark_jobs.lib import bpe, corpus, lake, parts
+from spark_jobs.lib.stage import run_stage
+from spark_jobs.lib.windows import SPLITS, Piece as WindowPiece, check_windows, plan_windows
+
+STAGE = "tokenize"
+
+
+def warn(message: str) -> None:
+    print(f"WARNING [{STAGE}] {message}", file=sys.stderr, flush=True)
+
+
+def encode_tasks(pieces: list[corpus.Piece], scans: list[corpus.Scan], documents: list[corpus.Document]) -> list[tuple]:
+    """(piece, character at which the piece's validation part starts) for the pieces of usable files."""
+    usable = {doc.doc_id: doc for doc in documents}
+    chars = {(scan.doc_id, scan.index): scan.chars for scan in scans}
+    tasks, first_char = [], {}
+    for piece in sorted(pieces, key=lambda piece: (piece.doc_id, piece.index)):
+        start = first_char.get(piece.doc_id, 0)
+        n = chars[(piece.doc_id, piece.index)]
+        first_char[piece.doc_id] = start + n
+        doc = usable.get(piece.doc_id)
+        if doc is not None and n:
+            tasks.append((piece, min(max(doc.boundary - start, 0), n)))
+    return tasks
+
+
+def tokens_schema():
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("doc_id", pa.int32()),
+            ("path", pa.string()),
+            ("split", pa.string()),
+            ("piece", pa.int32()),
+            ("chars", pa.int64()),
+            ("n_tokens", pa.int64()),
+            ("ids", pa.list_(pa.int32())),
+        ]
+    )
+
+
+def encode_task(tasks: list[tuple], tokenizer_json, tokens_uri: str):
+    """Executor function: encode task i's piece and write tokens/part-i.parquet; returns the
+    rows' counts."""
+
+    def encode(task: int) -> list[dict]:
+        import os
+
+        import pyarrow as pa
+
+        # One tokenizer thread per task: Spark already runs one task per core.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        piece, val_start = tasks[task]
+        tokenizer = bpe.from_json(tokenizer_json.value)
+        text = corpus.read_range(piece.path, piece.start, piece.end - piece.start).decode("utf-8")
+        rows = []
+        for split, part in (("train", text[:val_start]), ("val", text[val_start:])):
+            if part:
+                ids = bpe.encode(tokenizer, part)
+                rows.append({"split": split, "chars": len(part), "ids": ids})
+        ids = [row.pop("ids") for row in rows]
+        offsets = np.cumsum([0] + [len(item) for item in ids], dtype=np.int32)
+        n = len(rows)
+        table = pa.Table.from_arrays(
+            [
+                pa.array([piece.doc_id] * n, pa.int32()),
+                pa.array([piece.path] * n, pa.string()),
+                pa.array([row["split"] for row in rows], pa.string()),
+                pa.array([piece.index] * n, pa.int32()),
+                pa.array([row["chars"] for row in rows], pa.int64()),
+                pa.array([len(item) for item in ids], pa.int64()),
+                pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(ids))),
+            ],
+            schema=tokens_schema(),
+        )
+        with parts.ParquetPart(lake.join(tokens_uri, parts.part_name(task, ".parquet")), table.schema) as out:
+            out.write(table)
+        for row, item in zip(rows, ids):
+            row.update(doc_id=piece.doc_id, piece=piece.index, n_tokens=len(item))
+        return rows
+
+    return encode
+
+
+def body(spark, config, run: str) -> dict:
+    sc = spark.sparkContext
+    timings = {}
+    started = time.perf_counter()
+    files = [(uri, corpus.file_size(uri)) for uri in lake.corpus_files(config)]
+    pieces = corpus.plan_pieces(files, sc.defaultParallelism)
+    scans = sc.parallelize(pieces, len(pieces)).map(corpus.scan_piece).collect()
+    documents, skipped, warnings = corpus.assess(
+        files, scans, val_fraction=config.data.val_fraction, bad_files=config.data.bad_files
+    )
+    for message in warnings:
+        warn(message)
+    timings["scan_s"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    cap = int(config.tokenizer.train_sample_mb * 1_000_000)
+    sample = corpus.training_sample(documents, cap)
+    tokenizer = bpe.train(sample, config.tokenizer.vocab_size, config.tokenizer.min_frequency)
+    tokenizer_json = tokenizer.to_str()
+    tokenizer_uri = lake.join(run, "tokenizer", "tokenizer.json")
+    lake.write_text(tokenizer_uri, tokenizer_json)
+    timings["train_bpe_s"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    tasks = encode_tasks(pieces, scans, documents)
+    tokens_uri = lake.join(run, "tokens")
+    lake.delete(tokens_uri)
+    encode = encode_task(tasks, sc.broadcast(tokenizer_json), tokens_uri)
+    rows = [row for rows in sc.parallelize(range(len(tasks)), len(tasks)).map(encode).collect() for row in rows]
+    timings["encode_s"] = time.perf_counter() - started
+
+    # The window check, early: a split without a single window stops the run here, a file too
+    # short to give one is a warning.
+    _, counts = plan_windows(
+        [WindowPiece(row["doc_id"], row["split"], row["piece"], row["n_tokens"], ()) for row in rows],
+        config.data.block_size,
+        config.data.stride,
+    )
+    for message in check_windows(counts, config.data.block_size, {doc.doc_id: doc.path for doc in documents}):
+        warn(message)
+    splits = {
+        split: {
+            "tokens": sum(row["n_tokens"] for row in rows if row["split"] == split),
+            "chars": sum(row["chars"] for row in rows if row["split"] == split),
+            "documents": sum(1 for seq in counts["sequences"] if seq["split"] == split),
+        }
+        for split in SPLITS
+    }
+    return {
+        "splits": splits,
+        "files": len(files),
+        "skipped": skipped,
+        "pieces": len(pieces),
+        "tokenizer": {
+            "vocab_size": tokenizer.get_vocab_size(),
+            "configured_vocab_size": config.tokenizer.vocab_size,
+            "sample_chars": sum(len(text) for text in sample),
+            "sample_cap_bytes": cap,
+        },
+        "timings": {key: round(value, 3) for key, value in timings.items()},
+        "outputs": {"tokenizer": tokenizer_uri, "tokens": tokens_uri},
+    }
+
+
+if __name__ == "__main__":
+    run_stage(STAGE, body)

@@ -1,0 +1,118 @@
+"""Bad corpora: every case stops the tokenize application with exit code 2 and one line naming the
+file (or is skipped with a warning under data.bad_files=skip). The stage runs in this process on a
+local Spark session; tests/test_preprocess_e2e.py checks the same through spark-submit."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from spark_jobs import tokenize_corpus, window
+from spark_jobs.lib import lake
+from spark_jobs.lib.config import REPO_ROOT
+from spark_jobs.lib.stage import run_stage
+from tests.conftest import new_run, small_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def spark():
+    with pytest.MonkeyPatch.context() as patch:
+        # Python workers: this interpreter, and the repository importable (the stage modules).
+        patch.setenv("PYSPARK_PYTHON", sys.executable)
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+        from pyspark.sql import SparkSession
+
+        session = (
+            SparkSession.builder.master("local[2]")
+            .appName("test-bad-input")
+            .config("spark.ui.enabled", "false")
+            .config("spark.log.level", "WARN")
+            .getOrCreate()
+        )
+        yield session
+        session.stop()
+
+
+def run_tokenize(config, name="run"):
+    run = new_run(config, name)
+    try:
+        run_stage("tokenize", tokenize_corpus.body, ["--run-dir", run])
+    except SystemExit as stop:
+        return run, stop.code
+    return run, 0
+
+
+def error_line(capsys) -> str:
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ERROR")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_missing_corpus(spark, tmp_path, capsys):
+    config = small_config(tmp_path, tmp_path / "nothing-here.txt")
+    run, code = run_tokenize(config)
+    assert code == 2
+    assert error_line(capsys) == f"ERROR [tokenize] corpus {(tmp_path / 'nothing-here.txt').as_uri()} matches no file"
+    assert not lake.exists(lake.stats_uri(run, "tokenize"))
+
+
+def test_empty_corpus(spark, tmp_path, capsys):
+    (tmp_path / "empty.txt").write_text("")
+    run, code = run_tokenize(small_config(tmp_path, tmp_path / "empty.txt"))
+    assert code == 2
+    assert error_line(capsys) == f"ERROR [tokenize] corpus file {(tmp_path / 'empty.txt').as_uri()} is empty"
+
+
+def test_corpus_shorter_than_one_window(spark, tmp_path, capsys):
+    (tmp_path / "short.txt").write_text("To be, or not to be, that is the question:\n" * 3)
+    run, code = run_tokenize(small_config(tmp_path, tmp_path / "short.txt"))
+    assert code == 2
+    line = error_line(capsys)
+    assert line.startswith(f"ERROR [tokenize] corpus file {(tmp_path / 'short.txt').as_uri()} is shorter than one window")
+    assert "data.block_size + 1 = 33" in line
+    assert not lake.exists(lake.stats_uri(run, "tokenize"))
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"plain text\n" * 20 + b"\xff\xfe broken\n", "is not UTF-8 text (byte 0xff at offset 220)"),
+        (b"\x89PNG\r\n\x1a\n" + bytes(range(256)), "is not UTF-8 text (byte 0x89 at offset 0)"),
+        (b"almost text\x00with a NUL\n", "looks binary (NUL byte at offset 11)"),
+    ],
+)
+def test_bad_file_fails_by_default(spark, tmp_path, capsys, shakespeare_slice, content, problem):
+    (shakespeare_slice.parent / "bad.dat").write_bytes(content)
+    run, code = run_tokenize(small_config(tmp_path, shakespeare_slice.parent))
+    assert code == 2
+    assert error_line(capsys) == (
+        f"ERROR [tokenize] corpus file {(shakespeare_slice.parent / 'bad.dat').as_uri()} {problem}; "
+        "set data.bad_files=skip to leave such files out"
+    )
+
+
+def test_bad_file_is_skipped_with_a_warning(spark, tmp_path, capsys, shakespeare_slice):
+    bad = shakespeare_slice.parent / "bad.dat"
+    bad.write_bytes(b"\x00\x01\x02 binary")
+    (shakespeare_slice.parent / "empty.txt").write_text("")
+    run, code = run_tokenize(small_config(tmp_path, shakespeare_slice.parent, ["data.bad_files=skip"]))
+    assert code == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("WARNING")]
+    assert f"WARNING [tokenize] skipping corpus file {bad.as_uri()}: it looks binary (NUL byte at offset 0) (data.bad_files=skip)" in warnings
+    stats = lake.read_json(lake.stats_uri(run, "tokenize"))
+    assert [item["path"] for item in stats["skipped"]] == [bad.as_uri(), (shakespeare_slice.parent / "empty.txt").as_uri()]
+    assert stats["files"] == 3 and stats["splits"]["train"]["documents"] == 1
+    text = shakespeare_slice.read_text(encoding="utf-8")
+    assert stats["splits"]["train"]["chars"] + stats["splits"]["val"]["chars"] == len(text)
+
+
+def test_a_later_stage_without_its_input_says_what_to_run(spark, tmp_path, capsys, shakespeare_slice):
+    run = new_run(small_config(tmp_path, shakespeare_slice), "no-tokens")
+    with pytest.raises(SystemExit) as stop:
+        run_stage("window", window.body, ["--run-dir", run])
+    assert stop.value.code == 2
+    assert "stage 'tokenize' has not completed" in error_line(capsys)

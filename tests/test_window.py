@@ -1,0 +1,183 @@
+"""Windowing, the train/val split and corpus pieces: pure functions, no Spark."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spark_jobs.lib import bpe, corpus
+from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.windows import Piece, check_windows, cut_windows, plan_windows, window_count, window_starts
+from spark_jobs.tokenize_corpus import encode_tasks
+
+
+def formula(n: int, block_size: int, stride: int) -> int:
+    return (n - block_size - 1) // stride + 1 if n >= block_size + 1 else 0
+
+
+@pytest.mark.parametrize(
+    "n, block_size, stride",
+    [(0, 4, 2), (4, 4, 1), (5, 4, 1), (6, 4, 1), (20, 4, 2), (20, 4, 5), (20, 4, 7), (100, 8, 100), (9, 8, 9)],
+)
+def test_window_count_is_the_formula(n, block_size, stride):
+    assert window_count(n, block_size, stride) == formula(n, block_size, stride)
+    starts = window_starts(n, block_size, stride)
+    assert len(starts) == formula(n, block_size, stride)
+    assert all(start + block_size + 1 <= n for start in starts)
+    # One more stride would run past the end.
+    if len(starts):
+        assert starts[-1] + stride + block_size + 1 > n
+
+
+def test_document_shorter_than_a_window_gives_none():
+    assert window_count(4, 4, 1) == 0  # T + 1 = 5 tokens are needed
+    assert window_count(5, 4, 1) == 1
+    plans, counts = plan_windows([Piece(0, "train", 0, 4, (1, 2, 3, 4))], block_size=4, stride=1)
+    assert plans[(0, "train", 0)].count == 0
+    assert counts["splits"]["train"]["windows"] == 0
+
+
+def test_stride_larger_than_block_skips_tokens():
+    ids = np.arange(20)
+    starts = window_starts(20, 4, 7)
+    windows = cut_windows(ids, starts, 4)
+    assert starts.tolist() == [0, 7, 14]
+    assert windows.tolist() == [[0, 1, 2, 3, 4], [7, 8, 9, 10, 11], [14, 15, 16, 17, 18]]
+
+
+def reference_windows(sequences: dict, block_size: int, stride: int) -> dict:
+    """split -> list of (doc_id, start, ids) cut directly from whole sequences."""
+    out = {"train": [], "val": []}
+    for (doc_id, split), ids in sorted(sequences.items(), key=lambda item: (item[0][1], item[0][0])):
+        for start in window_starts(len(ids), block_size, stride):
+            out[split].append((doc_id, int(start), ids[start : start + block_size + 1].tolist()))
+    return out
+
+
+@pytest.mark.parametrize("block_size, stride", [(4, 1), (4, 3), (4, 5), (4, 11), (8, 8), (2, 1)])
+def test_windows_across_pieces_equal_windows_of_the_whole_sequence(block_size, stride):
+    rng = np.random.default_rng(block_size * 100 + stride)
+    sequences, pieces_ids = {}, {}
+    for doc_id in range(3):
+        for split in ("train", "val"):
+            ids = rng.integers(0, 1000, size=int(rng.integers(0, 60)))
+            sequences[(doc_id, split)] = ids
+            cuts = sorted(set(rng.integers(0, len(ids) + 1, size=4).tolist()) | {0, len(ids)})
+            for number, (begin, end) in enumerate(zip(cuts, cuts[1:])):
+                pieces_ids[(doc_id, split, number)] = ids[begin:end]  # pieces as short as 1 token
+    pieces = [Piece(d, s, p, len(ids), tuple(ids[:block_size].tolist())) for (d, s, p), ids in pieces_ids.items()]
+    plans, counts = plan_windows(pieces, block_size, stride)
+
+    got = {"train": [], "val": []}
+    for (doc_id, split, number), ids in pieces_ids.items():
+        for starts, indices, windows in plans[(doc_id, split, number)].windows(ids, block_size, stride, limit=3):
+            got[split] += [(int(i), doc_id, int(s), w.tolist()) for i, s, w in zip(indices, starts, windows)]
+    expected = reference_windows(sequences, block_size, stride)
+    for split in ("train", "val"):
+        got[split].sort()
+        assert [row[0] for row in got[split]] == list(range(len(expected[split])))  # idx: 0..n-1, no gaps
+        assert [row[1:] for row in got[split]] == expected[split]
+        assert counts["splits"][split]["windows"] == len(expected[split])
+        assert counts["splits"][split]["windows"] == sum(
+            formula(len(ids), block_size, stride) for (d, s), ids in sequences.items() if s == split
+        )
+
+
+def test_windows_never_straddle_the_split_boundary():
+    # One file: train tokens 0..29, val tokens 100..111. A window across the boundary would mix them.
+    train, val = np.arange(30), np.arange(100, 112)
+    pieces = [
+        Piece(0, "train", 0, 30, tuple(train[:4].tolist())),
+        Piece(0, "val", 0, 12, tuple(val[:4].tolist())),  # same piece number: the piece holding the boundary
+    ]
+    plans, counts = plan_windows(pieces, block_size=4, stride=3)
+    train_windows = np.concatenate([w for _, _, w in plans[(0, "train", 0)].windows(train, 4, 3)])
+    val_windows = np.concatenate([w for _, _, w in plans[(0, "val", 0)].windows(val, 4, 3)])
+    assert (train_windows < 100).all() and (val_windows >= 100).all()
+    assert counts["splits"]["train"]["windows"] == formula(30, 4, 3) == 9
+    assert counts["splits"]["val"]["windows"] == formula(12, 4, 3) == 3
+    assert plans[(0, "train", 0)].tail == () and plans[(0, "val", 0)].tail == ()
+
+
+def test_split_boundary_is_the_last_fraction_of_characters():
+    assert corpus.split_boundary(1_115_394, 0.1) == 1_003_854  # nanoGPT's shakespeare_char split
+    assert corpus.split_boundary(10, 0.25) == 7
+
+
+def test_a_piece_holding_the_boundary_is_split_at_the_right_character():
+    pieces = [corpus.Piece(0, "f", 0, 0, 40), corpus.Piece(0, "f", 1, 40, 100), corpus.Piece(0, "f", 2, 100, 130)]
+    scans = [corpus.Scan(0, 0, 40, None), corpus.Scan(0, 1, 50, None), corpus.Scan(0, 2, 30, None)]
+    doc = corpus.Document(0, "f", 130, 120, corpus.split_boundary(120, 0.25))  # boundary at character 90
+    tasks = encode_tasks(pieces, scans, [doc])
+    # (piece, first validation character within the piece): all train, split at 50 of 50, all val
+    assert [(piece.index, val_start) for piece, val_start in tasks] == [(0, 40), (1, 50), (2, 0)]
+    doc = corpus.Document(0, "f", 130, 120, 75)
+    assert [val_start for _, val_start in encode_tasks(pieces, scans, [doc])] == [40, 35, 0]
+
+
+def test_no_window_in_a_split_names_the_file():
+    _, counts = plan_windows([Piece(0, "train", 0, 100, ()), Piece(0, "val", 0, 3, ())], block_size=8, stride=4)
+    with pytest.raises(PipelineError, match=r"corpus file /data/a.txt is shorter than one window: its validation part has 3 tokens.*block_size \+ 1 = 9"):
+        check_windows(counts, 8, {0: "/data/a.txt"})
+    _, counts = plan_windows(
+        [Piece(0, "train", 0, 100, ()), Piece(0, "val", 0, 20, ()), Piece(1, "train", 0, 5, ()), Piece(1, "val", 0, 1, ())],
+        block_size=8,
+        stride=4,
+    )
+    warnings = check_windows(counts, 8, {0: "/data/a.txt", 1: "/data/b.txt"})
+    assert len(warnings) == 2 and all("/data/b.txt" in warning for warning in warnings)
+
+
+def test_pieces_are_cut_after_newlines_and_cover_the_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "MIN_PIECE_BYTES", 64)
+    lines = [("word " * int(n)).strip() + "\n" for n in np.random.default_rng(0).integers(0, 12, size=300)]
+    text = "".join(lines) + "no newline at the end é"
+    path = tmp_path / "a.txt"
+    path.write_text(text, encoding="utf-8")
+    data = path.read_bytes()
+    pieces = corpus.plan_pieces([(path.as_uri(), len(data))], parallelism=4)
+    assert len(pieces) == 8
+    assert pieces[0].start == 0 and pieces[-1].end == len(data)
+    assert all(a.end == b.start for a, b in zip(pieces, pieces[1:]))
+    assert all(data[piece.start - 1 : piece.start] == b"\n" for piece in pieces[1:])
+    assert "".join(data[p.start : p.end].decode("utf-8") for p in pieces) == text
+
+
+def test_a_file_without_newlines_is_cut_between_characters(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "MIN_PIECE_BYTES", 16)
+    monkeypatch.setattr(corpus, "LOOKAHEAD_BYTES", 8)
+    text = "ééé€€€x" * 40  # 2- and 3-byte characters
+    path = tmp_path / "b.txt"
+    path.write_text(text, encoding="utf-8")
+    data = path.read_bytes()
+    pieces = corpus.plan_pieces([(path.as_uri(), len(data))], parallelism=8)
+    assert len(pieces) > 4
+    assert "".join(data[p.start : p.end].decode("utf-8") for p in pieces) == text
+
+
+def test_check_text_finds_bad_bytes_with_their_offset():
+    assert corpus.check_text("héllo\n".encode()) == (6, None)
+    assert corpus.check_text(b"abc\xff def", offset=100) == (0, "is not UTF-8 text (byte 0xff at offset 103)")
+    chars, problem = corpus.check_text(b"PK\x03\x04\x00\x00", offset=0)
+    assert problem == "looks binary (NUL byte at offset 4)"
+
+
+def test_assess_fails_or_skips_bad_files():
+    files = [("file:///c/bad.bin", 10), ("file:///c/good.txt", 10), ("file:///c/empty.txt", 0)]
+    scans = [corpus.Scan(0, 0, 0, "is not UTF-8 text (byte 0xff at offset 3)"), corpus.Scan(1, 0, 10, None), corpus.Scan(2, 0, 0, None)]
+    with pytest.raises(PipelineError, match=r"corpus file file:///c/bad.bin is not UTF-8 text \(byte 0xff at offset 3\); set data.bad_files=skip"):
+        corpus.assess(files, scans, val_fraction=0.1, bad_files="fail")
+    documents, skipped, warnings = corpus.assess(files, scans, val_fraction=0.1, bad_files="skip")
+    assert [doc.path for doc in documents] == ["file:///c/good.txt"]
+    assert [item["path"] for item in skipped] == ["file:///c/bad.bin", "file:///c/empty.txt"]
+    assert "skipping corpus file file:///c/bad.bin" in warnings[0]
+    with pytest.raises(PipelineError, match="corpus file file:///c/empty.txt is empty"):
+        corpus.assess(files[2:], [corpus.Scan(0, 0, 0, None)], val_fraction=0.1, bad_files="fail")
+
+
+@pytest.mark.parametrize("size", [1, 7, 64])
+def test_text_chunks_join_back(size):
+    text = "First line\nsecond, longer line\n\n" + "x" * 300 + " y" * 50 + "\nend"
+    pieces = list(bpe.chunks(text, size))
+    assert "".join(pieces) == text
+    assert all(piece for piece in pieces)
