@@ -39,6 +39,15 @@ def spark_session(stage: str):
     )
 
 
+def stop_spark(spark) -> None:
+    """Stop Spark so that spark-submit exits. Spark 3.5 runs barrier() calls on a non-daemon
+    java.util.Timer that nothing cancels; locally the barrier tasks run in the driver's JVM, so
+    that timer alone would keep spark-submit running after a barrier stage."""
+    barrier = getattr(getattr(spark.sparkContext._jvm.org.apache.spark, "BarrierTaskContext$"), "MODULE$")
+    getattr(barrier, "org$apache$spark$BarrierTaskContext$$timer")().cancel()
+    spark.stop()
+
+
 def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dict:
     """Run one stage against a run folder; exits 2 with a one-line message on bad input."""
     args = parse_args(stage, argv)
@@ -49,9 +58,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dic
         spark = spark_session(stage)
         started = time.perf_counter()
         stats = body(spark, config, run)
-        # Stopped explicitly so spark-submit exits: after a barrier stage Spark 3.5 leaves a
-        # non-daemon timer thread that would keep the JVM alive.
-        spark.stop()
+        stop_spark(spark)
         stats["stage"] = stage
         stats["duration_s"] = round(time.perf_counter() - started, 3)
         lake.complete_stage(run, stage, stats)
