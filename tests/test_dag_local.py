@@ -1,0 +1,134 @@
+"""The whole DAG with `airflow dags test` on this machine: real spark-submit stages, real
+multi-worker TensorFlow, and the record collected through S3Hook to a moto S3 server."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+
+import numpy as np
+import pytest
+
+from include.airflow_local import AIRFLOW, DAG_ID, prepare
+from include.local_s3 import LocalS3
+from include.spark_submit import STAGES
+from spark_jobs.lib import lake
+from spark_jobs.lib.config import REPO_ROOT, load_config
+
+BUCKET = load_config().s3.bucket
+SMALL_RUN = [
+    "tokenizer.vocab_size=512",
+    "data.block_size=32",
+    "data.stride=16",
+    "embedding.dim=32",
+    "embedding.word2vec.max_sentences=2000",
+    "model.n_layer=2",
+    "train.batch_size=16",
+    "train.max_steps=40",
+    "train.warmup_steps=5",
+    "train.eval_interval=20",
+    "train.eval_batches=4",
+    "train.checkpoint_interval=20",
+    "generate.max_new_tokens=20",
+]
+
+
+@pytest.fixture(scope="module")
+def local_airflow(tmp_path_factory):
+    """An Airflow home with a migrated SQLite DB, and a moto S3 server holding the record bucket."""
+    home = tmp_path_factory.mktemp("airflow-home")
+    with LocalS3(buckets=(BUCKET,)) as s3:
+        yield prepare(home, s3), s3, home
+
+
+def dags_test(env: dict, conf: dict, timeout_s: int = 420) -> tuple[int, str]:
+    """Exit code and output of `airflow dags test`; on time-out its whole process group is killed
+    (Spark and TensorFlow processes included) and the test fails."""
+    process = subprocess.Popen(
+        [str(AIRFLOW), "dags", "test", DAG_ID, "--conf", json.dumps(conf)],
+        env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"airflow dags test did not finish in {timeout_s} s:\n{output[-5000:]}")
+    return process.returncode, output
+
+
+def last_run_states(home) -> tuple[str, str, dict[str, str]]:
+    """(run id, run state, task states) of the newest run, read from Airflow's database."""
+    with sqlite3.connect(home / "airflow.db") as db:
+        run_id, state = db.execute(
+            "SELECT run_id, state FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1", (DAG_ID,)
+        ).fetchone()
+        tasks = dict(db.execute("SELECT task_id, state FROM task_instance WHERE run_id = ?", (run_id,)).fetchall())
+    return run_id, state, tasks
+
+
+@pytest.mark.slow
+def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, tmp_path):
+    env, _, home = local_airflow
+    code, output = dags_test(env, {"stride": 0, "overrides": [f"lake={tmp_path / 'lake'}"]})
+    assert code != 0
+    assert "invalid configuration: data.stride: Input should be greater than or equal to 1 (got 0)" in output
+    _, state, tasks = last_run_states(home)
+    assert state == "failed"
+    assert tasks["validate_config"] == "failed"
+    assert all(tasks.get(stage) in (None, "upstream_failed") for stage in STAGES)
+    assert not (tmp_path / "lake").exists()  # no run folder for a run that never started
+
+
+@pytest.mark.slow
+def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airflow, shakespeare_slice, tmp_path):
+    env, s3, home = local_airflow
+    conf = {"corpus": str(shakespeare_slice), "run_name": "e2e", "overrides": [f"lake={tmp_path / 'lake'}", *SMALL_RUN]}
+    code, output = dags_test(env, conf)
+    assert code == 0, output[-5000:]
+    run_id, state, tasks = last_run_states(home)
+    assert state == "success"
+    assert tasks == {task_id: "success" for task_id in ["validate_config", *STAGES, "collect"]}
+
+    client = s3.client()
+    prefix = f"runs/{lake.safe_run_id(f'e2e-{run_id}')}/"
+    keys = {item["Key"][len(prefix) :] for item in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]}
+    read = lambda name: client.get_object(Bucket=BUCKET, Key=prefix + name)["Body"].read()  # noqa: E731
+    expected = {"config.json", "samples.txt", "report.json", "report.md", "stats/epochs.csv", "stats/train.json"}
+    assert expected | {f"stats/{stage}.json" for stage in STAGES} <= keys
+    assert any(key.startswith("model/") for key in keys)
+
+    config = json.loads(read("config.json"))
+    assert config["train"]["max_steps"] == 40 and config["corpus"] == [f"file://{shakespeare_slice}"]
+
+    rows = list(csv.DictReader(io.StringIO(read("stats/epochs.csv").decode())))
+    assert [int(row["step"]) for row in rows][-1] == 40
+    assert all(np.isfinite(float(row["val_loss"])) for row in rows)
+
+    report = json.loads(read("report.json"))
+    train = json.loads(read("stats/train.json"))
+    assert report["final_val_loss"] == train["final_val_loss"] == pytest.approx(float(rows[-1]["val_loss"]), rel=1e-4)
+    # A BPE token covers more than one character, so the per-character loss is the smaller.
+    assert 0 < report["val_nats_per_char"] < report["final_val_loss"]
+
+    sample = read("samples.txt").decode()
+    assert sample.startswith(config["generate"]["prompt"]) and len(sample) > len(config["generate"]["prompt"])
+    assert report["sample"] == sample
+
+    model_dir = tmp_path / "model-from-s3"
+    for key in keys:
+        if key.startswith("model/"):
+            (model_dir / key).parent.mkdir(parents=True, exist_ok=True)
+            (model_dir / key).write_bytes(read(key))
+    from spark_jobs.generate import load_model
+
+    model, tokenizer = load_model(f"file://{model_dir / 'model'}")
+    ids = tokenizer.encode("ROMEO:").ids
+    logits = np.asarray(model(np.array([ids], dtype=np.int32), training=False))
+    assert logits.shape[:2] == (1, len(ids)) and logits.shape[2] >= tokenizer.get_vocab_size()
+    assert np.isfinite(logits).all()
