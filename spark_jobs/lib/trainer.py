@@ -14,9 +14,12 @@ import hashlib
 import io
 import json
 import math
+import os
 import shutil
+import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +27,7 @@ import numpy as np
 from spark_jobs.lib import lake, train_data, train_state
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.stage import load_run_config
-from spark_jobs.lib.train_stats import IntervalStats, epochs_csv, nats_per_char
+from spark_jobs.lib.train_stats import IntervalStats, epochs_csv
 
 EPOCHS_CSV = "stats/epochs.csv"
 
@@ -278,8 +281,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--result", required=True, help="local file the worker's summary is written to")
     args = parser.parse_args(argv)
     run = args.run_dir.rstrip("/")
-    result = train_worker(load_run_config(run), run, args.threads)
-    Path(args.result).write_text(json.dumps(result))
+    exit_code = 1
+    try:
+        result = train_worker(load_run_config(run), run, args.threads)
+        Path(args.result).write_text(json.dumps(result))
+        exit_code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        # Leave without interpreter shutdown: TensorFlow's multi-worker runtime can wait there for
+        # minutes for peers that have already left. Everything is written by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from tokenizers import ByteLevelBPETokenizer
+
+from spark_jobs.generate import generate, load_model, next_token
+from spark_jobs.lib import lake, train_state
+from spark_jobs.lib.config import REPO_ROOT, GenerateConfig, load_config
+from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.model import build_decoder
+
+
+def settings(**overrides) -> GenerateConfig:
+    return load_config().generate.model_copy(update=overrides)
+
+
+LOGITS = np.array([0.0, 3.0, 1.0, 2.9, -1.0, 2.0])
+
+
+def picks(settings: GenerateConfig, draws: int = 400) -> set[int]:
+    rng = np.random.default_rng(0)
+    return {next_token(LOGITS, settings, rng) for _ in range(draws)}
+
+
+def test_greedy_takes_the_most_likely_token():
+    assert picks(settings(strategy="greedy")) == {1}
+
+
+def test_top_k_samples_only_among_the_k_most_likely():
+    assert picks(settings(strategy="top_k", top_k=3, temperature=1.0)) == {1, 3, 5}
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    # Softmax of LOGITS: tokens 1 and 3 hold ~0.77 together, token 5 brings it to ~0.92.
+    assert picks(settings(strategy="top_p", top_p=0.7, temperature=1.0)) == {1, 3}
+    assert picks(settings(strategy="top_p", top_p=0.85, temperature=1.0)) == {1, 3, 5}
+
+
+def test_low_temperature_approaches_greedy():
+    assert picks(settings(strategy="top_k", top_k=6, temperature=0.01)) == {1}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, shakespeare):
+    """A small untrained decoder and a BPE tokenizer saved the way the train stage saves them."""
+    folder = tmp_path_factory.mktemp("model")
+    tokenizer = ByteLevelBPETokenizer()
+    tokenizer.train_from_iterator([shakespeare.read_text()[:20_000]], vocab_size=300, special_tokens=["<|endoftext|>"])
+    model = build_decoder(vocab_size=tokenizer.get_vocab_size(), block_size=8, dim=16, n_layer=1, n_head=2,
+                          mlp_ratio=2, dropout=0.0)  # fmt: skip
+    model.save(folder / train_state.MODEL_FILE)
+    (folder / train_state.TOKENIZER_FILE).write_text(tokenizer._tokenizer.to_str())
+    return folder
+
+
+def test_generation_repeats_with_the_same_seed_and_varies_with_another(model_dir):
+    model, tokenizer = load_model(lake.join(model_dir.as_uri()))
+    options = settings(prompt="The man starts with", max_new_tokens=20, strategy="top_k", seed=5)
+    first, again = generate(model, tokenizer, options), generate(model, tokenizer, options)
+    other = generate(model, tokenizer, options.model_copy(update={"seed": 6}))
+    assert first.startswith("The man starts with") and len(first) > len("The man starts with")
+    assert first == again
+    assert other != first
+
+
+def test_context_longer_than_the_block_is_cropped(model_dir):
+    model, tokenizer = load_model(model_dir.as_uri())
+    text = generate(model, tokenizer, settings(prompt="To be, or not to be: " * 4, max_new_tokens=12, strategy="greedy"))
+    assert len(tokenizer.encode(text).ids) >= 12 + 8
+
+
+def test_a_folder_without_a_model_is_named(tmp_path):
+    with pytest.raises(PipelineError, match="holds no model.keras"):
+        load_model(tmp_path.as_uri())
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "spark_jobs.generate", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+
+
+def test_cli_prints_a_seeded_continuation(model_dir):
+    args = ["--model-dir", str(model_dir), "--prompt", "ROMEO:", "--max-new-tokens", "10", "--seed", "3"]
+    first, again = cli(*args), cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("ROMEO:")
+    assert first.stdout == again.stdout
+
+
+def test_cli_rejects_bad_settings_by_name(model_dir):
+    completed = cli("--model-dir", str(model_dir), "--temperature", "0")
+    assert completed.returncode == 2
+    assert "generate.temperature" in completed.stderr

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from spark_jobs.lib.model import build_decoder, initialise_embedding
+
+VOCAB, BLOCK, DIM = 50, 16, 16
+
+
+def tiny_decoder(**overrides) -> keras.Model:
+    settings = {"vocab_size": VOCAB, "block_size": BLOCK, "dim": DIM, "n_layer": 2, "n_head": 4, "mlp_ratio": 2,
+                "dropout": 0.0} | overrides  # fmt: skip
+    return build_decoder(**settings)
+
+
+def test_logits_per_position_over_the_vocabulary():
+    model = tiny_decoder()
+    ids = np.random.default_rng(0).integers(0, VOCAB, size=(3, BLOCK)).astype("int32")
+    assert model(ids).shape == (3, BLOCK, VOCAB)
+    assert model(ids[:, :5]).shape == (3, 5, VOCAB)
+
+
+def test_attention_is_causal():
+    """Changing a later token never changes the logits of earlier positions."""
+    model = tiny_decoder()
+    ids = np.random.default_rng(1).integers(0, VOCAB, size=(1, BLOCK)).astype("int32")
+    changed = ids.copy()
+    changed[0, 10] = (changed[0, 10] + 1) % VOCAB
+    before, after = np.asarray(model(ids)), np.asarray(model(changed))
+    np.testing.assert_allclose(before[0, :10], after[0, :10], atol=1e-5)
+    assert not np.allclose(before[0, 10:], after[0, 10:], atol=1e-5)
+
+
+def test_width_must_divide_into_heads():
+    with pytest.raises(ValueError, match="not divisible by 3 heads"):
+        tiny_decoder(n_head=3)
+
+
+def test_embedding_starts_from_the_given_tables_rescaled():
+    model = tiny_decoder()
+    rng = np.random.default_rng(2)
+    vectors, positions = rng.normal(0, 5, (VOCAB, DIM)), rng.normal(0, 1, (BLOCK, DIM))
+    initialise_embedding(model, vectors, positions)
+    layer = model.get_layer("embedding")
+    tokens = np.asarray(layer.tokens)
+    assert tokens.std() == pytest.approx(0.02, rel=1e-3)
+    # Same directions as the Word2Vec table, only a smaller scale.
+    np.testing.assert_allclose(tokens / tokens[0, 0], vectors / vectors[0, 0], rtol=1e-3)
+    assert np.corrcoef(np.asarray(layer.positions).ravel(), positions.ravel())[0, 1] > 0.999
+
+
+def test_embedding_tables_of_the_wrong_shape_are_named():
+    model = tiny_decoder()
+    with pytest.raises(ValueError, match=r"token_vectors.npy has shape \(50, 8\)"):
+        initialise_embedding(model, np.ones((VOCAB, 8)), np.ones((BLOCK, DIM)))
+
+
+def test_keras_format_round_trip(tmp_path):
+    model = tiny_decoder(dropout=0.1)
+    ids = np.arange(BLOCK, dtype="int32")[None] % VOCAB
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    np.testing.assert_allclose(np.asarray(loaded(ids)), np.asarray(model(ids)), atol=1e-6)
+    assert loaded.get_layer("embedding").block_size == BLOCK

@@ -1,0 +1,138 @@
+"""The train and generate stages end to end: real upstream stages on a slice of tinyshakespeare,
+then spark-submit with a barrier stage of two TensorFlow workers over loopback."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from include.local_runner import run_pipeline, run_stage
+from include.spark_submit import package_code
+from spark_jobs.lib import lake
+from spark_jobs.lib.config import load_config
+from spark_jobs.lib.train_state import BACKUP
+from spark_jobs.lib.train_stats import EPOCH_COLUMNS
+from tests.conftest import small_config
+
+pytestmark = pytest.mark.slow
+
+TINY_TRAINING = [
+    "model.n_layer=1", "model.n_head=2", "train.batch_size=16", "train.max_steps=40", "train.warmup_steps=4",
+    "train.learning_rate=0.005", "train.eval_interval=20", "train.eval_batches=4", "train.log_interval=10",
+    "train.checkpoint_interval=20", "generate.max_new_tokens=20",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, shakespeare):
+    """A run folder that went through tokenize, window, positional_embed and export, and the
+    packaged code to spark-submit the train and generate stages with."""
+    tmp = tmp_path_factory.mktemp("train")
+    text = shakespeare.read_text(encoding="utf-8")[:60_000]
+    corpus = tmp / "slice.txt"
+    corpus.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
+    config = small_config(tmp, corpus, TINY_TRAINING)
+    run = run_pipeline(config, "prepared", ("tokenize", "window", "positional_embed", "export"))
+    code = tmp / "code"
+    package_code(code)
+    return config, run, code
+
+
+def fresh_run(prepared, name: str, overrides: list[str]) -> tuple:
+    """A copy of the prepared run folder with some training settings changed."""
+    config, run, code = prepared
+    source = Path(lake.local_path(run))
+    target = source.with_name(name)
+    shutil.copytree(source, target)
+    config = load_config(overrides=[config.model_dump(), *overrides])
+    lake.write_text(lake.join(target.as_uri(), lake.CONFIG_FILE), config.to_json())
+    return config, target.as_uri(), code
+
+
+def epoch_rows(run: str) -> list[dict]:
+    return list(csv.DictReader(lake.read_text(lake.join(run, "stats", "epochs.csv")).splitlines()))
+
+
+def test_two_workers_train_one_model_and_generation_repeats(prepared):
+    config, run, code = fresh_run(prepared, "two-workers", [])
+    run_stage("train", config, run, code)
+
+    stats = lake.read_json(lake.stats_uri(run, "train"))
+    workers = stats["worker_results"]
+    assert [worker["worker"] for worker in workers] == [0, 1]
+    assert all(worker["workers"] == 2 and worker["steps"] == 40 for worker in workers)
+    # Each worker trained on its own shards, yet both end with the very same weights.
+    assert workers[0]["weights_digest"] == workers[1]["weights_digest"]
+    assert stats["resumed_from_step"] == 0 and stats["tokens_per_s"] > 0
+
+    rows = epoch_rows(run)
+    assert list(rows[0]) == list(EPOCH_COLUMNS)
+    assert [int(row["step"]) for row in rows] == [20, 40]
+    assert all(row["workers"] == "2" for row in rows)
+    first, last = rows[0], rows[-1]
+    assert float(last["train_loss"]) < float(first["train_loss"])
+    assert float(last["val_loss"]) < float(first["val_loss"])
+    assert float(last["val_nats_per_char"]) == pytest.approx(stats["final_val_nats_per_char"], rel=1e-5)
+    assert float(first["grad_norm_min"]) <= float(first["grad_norm_mean"]) <= float(first["grad_norm_max"])
+
+    assert sorted(lake.list_files(lake.join(run, "model"))) == [
+        lake.join(run, "model", "model.keras"),
+        lake.join(run, "model", "tokenizer.json"),
+    ]
+    assert not lake.exists(lake.join(run, "checkpoints")), "backups are removed once the model is saved"
+
+    run_stage("generate", config, run, code)
+    sample = lake.read_text(lake.join(run, "samples.txt"))
+    assert sample.startswith(config.generate.prompt) and len(sample) > len(config.generate.prompt) + 5
+    run_stage("generate", config, run, code)
+    assert lake.read_text(lake.join(run, "samples.txt")) == sample
+
+
+def training_processes(run: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "spark_jobs.lib.trainer" in cmdline and run in cmdline:
+            found.append(process)
+    return found
+
+
+def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup(prepared):
+    config, run, code = fresh_run(prepared, "killed-worker", ["train.max_steps=600", "train.eval_interval=100",
+                                                              "train.checkpoint_interval=100"])  # fmt: skip
+    failure = []
+    stage = threading.Thread(target=lambda: _run_capturing(failure, config, run, code))
+    stage.start()
+    deadline = time.monotonic() + 240
+    while not lake.exists(lake.join(run, BACKUP)):
+        assert stage.is_alive() and time.monotonic() < deadline, "no backup appeared"
+        time.sleep(0.05)
+    victim = max(training_processes(run), key=lambda process: process.pid)
+    victim.send_signal(signal.SIGKILL)
+    stage.join(timeout=400)
+    assert not stage.is_alive() and not failure, failure
+
+    stats = lake.read_json(lake.stats_uri(run, "train"))
+    assert stats["resumed_from_step"] in range(100, 600, 100)
+    assert stats["steps_this_attempt"] == 600 - stats["resumed_from_step"]
+    rows = epoch_rows(run)
+    # The rows before the backup come from the first attempt, the others from the retry.
+    assert [int(row["step"]) for row in rows] == [100, 200, 300, 400, 500, 600]
+    resumed = [int(row["resumed_from_step"]) for row in rows]
+    assert resumed[0] == 0 and resumed[-1] == stats["resumed_from_step"]
+    assert lake.exists(lake.join(run, "model", "model.keras"))
+    assert not training_processes(run)
+
+
+def _run_capturing(failure: list, *args) -> None:
+    try:
+        run_stage("train", *args)
+    except Exception as error:  # reported by the test thread
+        failure.append(error)
