@@ -1,0 +1,85 @@
+"""The train stage's checks of its inputs, and the pieces of the loop that need no cluster."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spark_jobs.lib import lake, train_data
+from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.lake import StageIncomplete
+from spark_jobs.lib.train_stats import EPOCH_COLUMNS, IntervalStats, epochs_csv, nats_per_char
+from spark_jobs.train import train
+from tests.conftest import new_run, small_config
+
+
+def manifest(shards: int = 4, windows: int = 100, block_size: int = 32) -> dict:
+    split = lambda name: {  # noqa: E731
+        "windows": windows, "tokens": 1000, "chars": 3000,
+        "shards": [f"{name}/part-{index:05d}.tfrecord" for index in range(shards)],
+    }  # fmt: skip
+    return {"block_size": block_size, "vocab_size": 512, "num_shards": shards,
+            "splits": {"train": split("train"), "val": split("val")}}  # fmt: skip
+
+
+@pytest.fixture
+def run_with(tmp_path, shakespeare_slice):
+    config = small_config(tmp_path, shakespeare_slice)
+    run = new_run(config)
+
+    def write(content: dict):
+        lake.write_json(lake.join(run, train_data.MANIFEST), content)
+        return config, run
+
+    return write
+
+
+def test_a_matching_manifest_is_accepted(run_with):
+    config, run = run_with(manifest())
+    assert train_data.read_manifest(run, config)["vocab_size"] == 512
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (manifest(block_size=64), "block_size 64 differs from data.block_size 32"),
+        (manifest(shards=3), "3 train shards cannot be split evenly across 2 workers"),
+        (manifest(windows=5), "the train split has 5 windows, fewer than train.batch_size 32"),
+        ({"block_size": 32}, "lacks vocab_size, num_shards, splits"),
+    ],
+)
+def test_a_manifest_that_does_not_fit_is_named(run_with, content, message):
+    config, run = run_with(content)
+    with pytest.raises(PipelineError, match=message) as error:
+        train_data.read_manifest(run, config)
+    assert "tfrecords/manifest.json" in str(error.value)
+
+
+def test_training_before_export_says_which_stage_to_run(tmp_path, shakespeare_slice):
+    config = small_config(tmp_path, shakespeare_slice)
+    with pytest.raises(StageIncomplete, match="stage 'tokenize' has not completed"):
+        train(None, config, new_run(config))
+
+
+def test_each_worker_reads_every_w_th_shard():
+    shards = manifest(shards=6)
+    assert train_data.worker_shards(shards, "train", 1, 3) == ["train/part-00001.tfrecord", "train/part-00004.tfrecord"]
+    everyone = sum((train_data.worker_shards(shards, "val", index, 3) for index in range(3)), [])
+    assert sorted(everyone) == shards["splits"]["val"]["shards"]
+
+
+def test_an_interval_row_summarises_its_steps():
+    stats = IntervalStats()
+    for loss, norm in [(3.0, 1.0), (2.0, 3.0)]:
+        stats.add_step(loss, 0.5, norm, seconds=0.5)
+    row = stats.row(epoch=1, step=2, duration_s=1.5, tokens_per_step=100, learning_rate=0.001, val_loss=2.0,
+                    val_accuracy=0.4, tokens=1000, chars=4000, workers=2, resumed_from_step=0)  # fmt: skip
+    assert row["train_loss"] == 2.5 and row["tokens_per_s"] == 200
+    assert (row["grad_norm_min"], row["grad_norm_mean"], row["grad_norm_max"], row["grad_norm_var"]) == (1, 2, 3, 1)
+    assert row["val_nats_per_char"] == nats_per_char(2.0, 1000, 4000) == 0.5
+    assert row["val_bits_per_char"] == pytest.approx(0.5 / np.log(2))
+    assert row["val_perplexity"] == pytest.approx(np.exp(2.0))
+    assert row["process_memory_used_mb"] > 0
+    header, line = epochs_csv([row]).splitlines()
+    assert header.split(",") == list(EPOCH_COLUMNS)
+    assert line.startswith("1,2,1500.0,2.5,0.5,2.0,0.4,")
