@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     cores = os.cpu_count() or 2  # the local runner's local[N]; the tokenizer gets as many threads
+    load_before = os.getloadavg()[0]  # other work on the machine skews every figure
 
     scratch = Path(tempfile.mkdtemp(prefix="gpt-pipeline-bench-"))
     try:
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             wall = time.perf_counter() - started
             stats = lake.read_json(lake.stats_uri(run, stage))
             stages[stage] = {"wall_s": wall, "body_s": stats["duration_s"], "startup_s": wall - stats["duration_s"]}
+            stages[stage]["timings"] = stats.get("timings", {})
             if stage == "tokenize":
                 tokenize_stats = stats
         tokens = sum(split["tokens"] for split in tokenize_stats["splits"].values())
@@ -108,19 +110,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'stage':<18}{'start-up s':>12}{'body s':>10}{'tokens/s (body)':>18}")
     for name, stage in stages.items():
         print(f"{name:<18}{stage['startup_s']:>12.2f}{stage['body_s']:>10.2f}{tokens / stage['body_s']:>18,.0f}")
-    if "timings" in tokenize_stats:
-        print("  tokenize body: " + ", ".join(f"{key} {value:.2f}" for key, value in tokenize_stats["timings"].items()))
+        if "timings" in stage:
+            print(" " * 20 + ", ".join(f"{key} {value:.2f}" for key, value in stage["timings"].items()))
     print(f"{'end to end':<18}{wall - body:>12.2f}{body:>10.2f}{end_to_end:>18,.0f}")
     print(f"end to end with start-up: {tokens / wall:,.0f} tokens/s ({wall:.1f} s)")
     for name, result in bare.items():
         print(f"bare {name}: {result['tokens_per_s']:,.0f} tokens/s ({result['seconds']:.2f} s)")
     ratio = end_to_end / baseline["tokens_per_s"]
     print(f"ratio end to end / bare ({baseline_name}): {ratio:.2f} (goal >= 0.7: {'met' if ratio >= 0.7 else 'not met'})")
-    try:
-        load = os.getloadavg()
-        print(f"load average during the run: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} cores")
-    except OSError:
-        pass
+    encode_s = stages["tokenize"]["timings"].get("encode_s")
+    if encode_s:
+        print(
+            f"tokenize's encoding job alone (read, encode, write Parquet): {tokens / encode_s:,.0f} tokens/s, "
+            f"{tokens / encode_s / baseline['tokens_per_s']:.2f}x bare"
+        )
+    print(f"load average (1 min) before the run {load_before:.1f}, after {os.getloadavg()[0]:.1f}, on {cores} cores")
     if args.json:
         Path(args.json).write_text(
             json.dumps({"tokens": tokens, "stages": stages, "bare": bare, "ratio": ratio}, indent=2) + "\n"

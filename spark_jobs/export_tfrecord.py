@@ -17,6 +17,7 @@ folder, which the next attempt deletes, and no manifest ever lists them.
 from __future__ import annotations
 
 import posixpath
+import time
 
 from spark_jobs.lib import lake, parts, tfrecord
 from spark_jobs.lib.errors import PipelineError
@@ -99,6 +100,7 @@ def body(spark, config, run: str) -> dict:
     staging = lake.join(run, "_staging", "export")
     lake.delete(final)
     lake.delete(staging)
+    started = time.perf_counter()
     files = parts.parquet_files(window["outputs"]["windows"])
     n_keys = len(SPLITS) * shards
     results = (
@@ -108,6 +110,8 @@ def body(spark, config, run: str) -> dict:
         .mapPartitions(write_shards(staging, shards))
         .collect()
     )
+    timings = {"encode_write_s": time.perf_counter() - started}
+    started = time.perf_counter()
     written = {(SPLITS[split_index], shard): (windows, size) for split_index, shard, windows, size in results}
     splits = {}
     for split in SPLITS:
@@ -136,10 +140,12 @@ def body(spark, config, run: str) -> dict:
     manifest = {"block_size": block_size, "vocab_size": config.tokenizer.vocab_size, "num_shards": shards, "splits": splits}
     manifest_uri = lake.join(final, "manifest.json")
     lake.write_json(manifest_uri, manifest)
+    timings["publish_s"] = time.perf_counter() - started
     return {
         "num_shards": shards,
         "splits": {split: {key: splits[split][key] for key in ("windows", "tokens", "chars")} for split in SPLITS},
         "bytes": sum(size for _, size in written.values()),
+        "timings": {key: round(value, 3) for key, value in timings.items()},
         "outputs": {"tfrecords": final, "manifest": manifest_uri},
     }
 

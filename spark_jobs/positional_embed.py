@@ -11,6 +11,7 @@ two, so no per-window float tensors are ever written.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -20,12 +21,13 @@ from spark_jobs.lib.stage import run_stage
 STAGE = "positional_embed"
 
 
-def word2vec_vectors(spark, config, windows_uri: str, train_windows: int) -> tuple[dict[int, np.ndarray], dict]:
-    """Learned vectors by token id, and what to record about the training."""
+def word2vec_vectors(spark, config, windows_uri: str, train_windows: int) -> tuple[dict[int, np.ndarray], dict, dict]:
+    """Learned vectors by token id, what to record about the training, and timings."""
     from pyspark.ml.feature import Word2Vec
     from pyspark.sql import functions as F
 
     settings = config.embedding.word2vec
+    started = time.perf_counter()
     every = max(1, math.ceil(train_windows / settings.max_sentences))
     sentences = (
         spark.read.parquet(windows_uri)
@@ -34,6 +36,8 @@ def word2vec_vectors(spark, config, windows_uri: str, train_windows: int) -> tup
         .cache()
     )
     n_sentences = sentences.count()
+    sample_s = time.perf_counter() - started
+    started = time.perf_counter()
     partitions = spark.sparkContext.defaultParallelism
     model = Word2Vec(
         vectorSize=config.embedding.dim,
@@ -54,7 +58,7 @@ def word2vec_vectors(spark, config, windows_uri: str, train_windows: int) -> tup
         "num_partitions": partitions,
         "learned_ids": len(learned),
         "vector_std": round(float(values.std()), 6) if learned else None,
-    }
+    }, {"sample_s": sample_s, "word2vec_s": time.perf_counter() - started}
 
 
 def body(spark, config, run: str) -> dict:
@@ -62,14 +66,17 @@ def body(spark, config, run: str) -> dict:
     window = lake.require_stage(run, "window")
     vocab_size, dim, block_size = config.tokenizer.vocab_size, config.embedding.dim, config.data.block_size
     settings = config.embedding.word2vec
-    learned, word2vec = {}, {"enabled": settings.enabled}
+    learned, word2vec, timings = {}, {"enabled": settings.enabled}, {}
     if settings.enabled:
-        learned, details = word2vec_vectors(spark, config, window["outputs"]["windows"], window["splits"]["train"]["windows"])
+        learned, details, timings = word2vec_vectors(
+            spark, config, window["outputs"]["windows"], window["splits"]["train"]["windows"]
+        )
         word2vec.update(details)
         word2vec.update(window=settings.window, min_count=settings.min_count, max_iter=settings.max_iter, seed=settings.seed)
     word2vec["coverage"] = round(len(learned) / vocab_size, 6)  # share of the V rows that Word2Vec learned
     tokenizer_vocab = tokenize["tokenizer"]["vocab_size"]
 
+    started = time.perf_counter()
     folder = lake.join(run, "embeddings")
     outputs = {
         "token_vectors": lake.join(folder, "token_vectors.npy"),
@@ -88,7 +95,15 @@ def body(spark, config, run: str) -> dict:
         "word2vec": word2vec,
     }
     lake.write_json(outputs["meta"], meta)
-    return {"word2vec": word2vec, "vocab_size": vocab_size, "dim": dim, "block_size": block_size, "outputs": outputs}
+    timings["write_s"] = time.perf_counter() - started
+    return {
+        "word2vec": word2vec,
+        "vocab_size": vocab_size,
+        "dim": dim,
+        "block_size": block_size,
+        "timings": {key: round(value, 3) for key, value in timings.items()},
+        "outputs": outputs,
+    }
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ window's number within its split: 0, 1, ... in (doc_id, start) order), ids (T + 
 from __future__ import annotations
 
 import sys
+import time
 
 from spark_jobs.lib import lake, parts
 from spark_jobs.lib.stage import run_stage
@@ -101,6 +102,7 @@ def body(spark, config, run: str) -> dict:
     sc = spark.sparkContext
     tokenize = lake.require_stage(run, "tokenize")
     block_size, stride = config.data.block_size, config.data.stride
+    started = time.perf_counter()
     files = parts.parquet_files(tokenize["outputs"]["tokens"])
     rows = sc.parallelize(files, len(files)).flatMap(read_heads(block_size)).collect()
     plans, counts = plan_windows(
@@ -112,6 +114,9 @@ def body(spark, config, run: str) -> dict:
     for message in check_windows(counts, block_size, paths):
         print(f"WARNING [{STAGE}] {message}", file=sys.stderr, flush=True)
 
+    timings = {"plan_s": time.perf_counter() - started}
+
+    started = time.perf_counter()
     windows_uri = lake.join(run, "windows")
     lake.delete(windows_uri)
     cut = cut_file(sc.broadcast(plans), block_size, stride, windows_uri)
@@ -119,11 +124,13 @@ def body(spark, config, run: str) -> dict:
     expected = sum(counts["splits"][split]["windows"] for split in SPLITS)
     if written != expected:
         raise RuntimeError(f"window: wrote {written} windows, planned {expected}")
+    timings["cut_s"] = time.perf_counter() - started
     return {
         "block_size": block_size,
         "stride": stride,
         "splits": {split: counts["splits"][split] for split in SPLITS},
         "sequences": counts["sequences"],
+        "timings": {key: round(value, 3) for key, value in timings.items()},
         "outputs": {"windows": windows_uri},
     }
 
