@@ -79,30 +79,20 @@ def encode_task(tasks: list[tuple], tokenizer_json, tokens_uri: str):
         piece, val_start = tasks[task]
         tokenizer = bpe.from_json(tokenizer_json.value)
         text = corpus.read_range(piece.path, piece.start, piece.end - piece.start).decode("utf-8")
-        rows = []
-        for split, part in (("train", text[:val_start]), ("val", text[val_start:])):
-            if part:
-                ids = bpe.encode(tokenizer, part)
-                rows.append({"split": split, "chars": len(part), "ids": ids})
-        ids = [row.pop("ids") for row in rows]
+        sections = [(split, part) for split, part in (("train", text[:val_start]), ("val", text[val_start:])) if part]
+        ids = [bpe.encode(tokenizer, part) for _, part in sections]
+        rows = [
+            {"doc_id": piece.doc_id, "path": piece.path, "split": split, "piece": piece.index, "chars": len(part),
+             "n_tokens": len(item)}
+            for (split, part), item in zip(sections, ids)
+        ]
+        schema = tokens_schema()
         offsets = np.cumsum([0] + [len(item) for item in ids], dtype=np.int32)
-        n = len(rows)
-        table = pa.Table.from_arrays(
-            [
-                pa.array([piece.doc_id] * n, pa.int32()),
-                pa.array([piece.path] * n, pa.string()),
-                pa.array([row["split"] for row in rows], pa.string()),
-                pa.array([piece.index] * n, pa.int32()),
-                pa.array([row["chars"] for row in rows], pa.int64()),
-                pa.array([len(item) for item in ids], pa.int64()),
-                pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(ids))),
-            ],
-            schema=tokens_schema(),
+        table = pa.Table.from_pylist(rows, schema=schema.remove(schema.get_field_index("ids"))).append_column(
+            schema.field("ids"), pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(ids)))
         )
-        with parts.ParquetPart(lake.join(tokens_uri, parts.part_name(task, ".parquet")), table.schema) as out:
+        with parts.ParquetPart(lake.join(tokens_uri, parts.part_name(task, ".parquet")), schema) as out:
             out.write(table)
-        for row, item in zip(rows, ids):
-            row.update(doc_id=piece.doc_id, piece=piece.index, n_tokens=len(item))
         return rows
 
     return encode
@@ -136,7 +126,7 @@ def body(spark, config, run: str) -> dict:
     tokens_uri = lake.join(run, "tokens")
     lake.delete(tokens_uri)
     encode = encode_task(tasks, sc.broadcast(tokenizer_json), tokens_uri)
-    rows = [row for rows in sc.parallelize(range(len(tasks)), len(tasks)).map(encode).collect() for row in rows]
+    rows = sc.parallelize(range(len(tasks)), len(tasks)).flatMap(encode).collect()
     timings["encode_s"] = time.perf_counter() - started
 
     # The window check, early: a split without a single window stops the run here, a file too
@@ -150,9 +140,9 @@ def body(spark, config, run: str) -> dict:
         warn(message)
     splits = {
         split: {
-            "tokens": sum(row["n_tokens"] for row in rows if row["split"] == split),
+            "tokens": counts["splits"][split]["tokens"],
             "chars": sum(row["chars"] for row in rows if row["split"] == split),
-            "documents": sum(1 for seq in counts["sequences"] if seq["split"] == split),
+            "documents": counts["splits"][split]["sequences"],
         }
         for split in SPLITS
     }

@@ -69,8 +69,8 @@ class Piece:
 
 
 def plan_windows(pieces: list[Piece], block_size: int, stride: int) -> tuple[dict[tuple[int, str, int], PiecePlan], dict]:
-    """Which windows each piece produces, and per split counts:
-    ({(doc_id, split, piece): PiecePlan}, {split: {"windows", "tokens", "sequences"}, "sequences": [...]})."""
+    """Which windows each piece produces, and the counts: ({(doc_id, split, piece): PiecePlan},
+    {"splits": {split: {"windows", "tokens", "sequences"}}, "sequences": [{doc_id, split, tokens, windows}]})."""
     by_sequence: dict[tuple[int, str], list[Piece]] = defaultdict(list)
     for item in pieces:
         by_sequence[(item.doc_id, item.split)].append(item)
