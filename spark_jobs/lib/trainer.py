@@ -91,38 +91,31 @@ class Worker:
             )
             for split in train_data.SPLITS
         }
-        embeddings = lake.join(run, "embeddings")
-        token_vectors = (
-            np.load(io_bytes(lake.join(embeddings, "token_vectors.npy"))) if config.embedding.word2vec.enabled else None
-        )
-        positions = np.load(io_bytes(lake.join(embeddings, "positions.npy")))
-        model_config = config.model
         with strategy.scope():
             self.model = build_decoder(
                 vocab_size=self.manifest["vocab_size"], block_size=self.block_size, dim=config.embedding.dim,
-                n_layer=model_config.n_layer, n_head=model_config.n_head, mlp_ratio=model_config.mlp_ratio,
-                dropout=model_config.dropout,
+                n_layer=config.model.n_layer, n_head=config.model.n_head, mlp_ratio=config.model.mlp_ratio,
+                dropout=config.model.dropout,
             )  # fmt: skip
-            initialise_embedding(self.model, token_vectors, positions)
+            initialise_embedding(self.model, *embedding_tables(config, run))
             self.optimizer, self.schedule = build_optimizer(config)
             self.optimizer.build(self.model.trainable_variables)
         self.fingerprint = fingerprint(config, self.manifest)
         backup = train_state.load_backup(run, self.model, self.optimizer, self.fingerprint)
         self.start_step = backup["step"] if backup else 0
         self.rows = backup["rows"] if backup else []
-        self.train_iterator = iter(
-            strategy.distribute_datasets_from_function(
-                lambda _: train_data.train_batches(
-                    files["train"], self.block_size, self.per_worker_batch, config.train.seed, self.start_step
-                )
-            )
+        self.train_iterator = self._distributed(
+            lambda: train_data.train_batches(files["train"], self.block_size, self.per_worker_batch,
+                                             config.train.seed, skip_batches=self.start_step)  # fmt: skip
         )
-        self.val_iterator = iter(
-            strategy.distribute_datasets_from_function(
-                lambda _: train_data.eval_batches(files["val"], self.block_size, self.per_worker_batch)
-            )
+        self.val_iterator = self._distributed(
+            lambda: train_data.eval_batches(files["val"], self.block_size, self.per_worker_batch)
         )
         self._compile_steps()
+
+    def _distributed(self, make_dataset):
+        """An iterator feeding this worker's own batches (already cut to its share) to its replica."""
+        return iter(self.strategy.distribute_datasets_from_function(lambda _: make_dataset()))
 
     def _compile_steps(self):
         tf, model, workers = self.tf, self.model, self.workers
@@ -234,8 +227,15 @@ class Worker:
             train_state.remove_backup(self.run)
 
 
-def io_bytes(uri: str) -> io.BytesIO:
-    return io.BytesIO(lake.read_bytes(uri))
+def embedding_tables(config: PipelineConfig, run: str) -> tuple[np.ndarray | None, np.ndarray]:
+    """The Word2Vec token vectors (None when disabled) and the position table."""
+    folder = lake.join(run, "embeddings")
+
+    def load(name: str) -> np.ndarray:
+        return np.load(io.BytesIO(lake.read_bytes(lake.join(folder, name))))
+
+    token_vectors = load("token_vectors.npy") if config.embedding.word2vec.enabled else None
+    return token_vectors, load("positions.npy")
 
 
 def configure_tensorflow(threads: int):
