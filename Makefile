@@ -9,7 +9,7 @@ CORPUS ?=
 SET ?=
 ARGS ?=
 
-.PHONY: run airflow test venv lock clean
+.PHONY: run airflow test venv browser lock clean
 
 $(BIN)/.installed: requirements.txt
 	@command -v java >/dev/null || { echo "Java (17) is required for Spark: apt-get install -y openjdk-17-jre-headless"; exit 1; }
@@ -27,7 +27,15 @@ run: venv
 airflow: venv
 	$(BIN)/python -m include.airflow_local ui
 
-test: venv
+# The UI test (tests/test_ui_trigger.py) drives Debian's Chromium through chromium-driver;
+# installed with apt-get when missing (CI runs as root), so nothing downloads a browser.
+browser:
+	@[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || { \
+	  [ "$$(id -u)" = 0 ] || { echo "The UI test needs Chromium: sudo apt-get install -y chromium chromium-driver"; exit 1; }; \
+	  echo "apt-get install chromium chromium-driver (for the UI test)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; }
+
+test: venv browser
 	$(BIN)/python -m pytest $(ARGS)
 
 # Re-pin requirements.txt from requirements.in in a scratch environment.

@@ -1,0 +1,322 @@
+"""The DAG triggered from the Airflow UI in a real browser.
+
+Starts Airflow with the documented UI command (`make airflow`: `airflow standalone` and a moto S3
+server) with the login page on, then drives headless Chromium (Debian's `chromium` and
+`chromium-driver` through Selenium) to log in, open gpt_pipeline, change Params in the trigger form
+and trigger it. The REST API is only read: to follow the run and to fetch the collect task's
+report. The run's record is checked on the moto server, and a screenshot of the finished run's
+grid view goes to test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import quote
+
+import boto3
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import WebDriverWait
+
+from include.collect import REPORT_JSON, REPORT_TEXT
+from include.local_s3 import REGION
+from spark_jobs.lib.config import REPO_ROOT, load_config
+
+DAG_ID = "gpt_pipeline"
+USER = "admin"
+ARTIFACTS = REPO_ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+# Without the background-networking flags Chromium's own connections are refused on a closed network.
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--window-size=1600,1000",
+)  # fmt: skip
+UI_LINE = re.compile(r"Airflow UI: (?P<api>http://\S+) \(DAG \w+\); S3 \(moto\): (?P<s3>http://\S+);")
+STARTUP_TIMEOUT_S = 180
+RUN_TIMEOUT_S = 360
+API_TIMEOUT_S = 30
+TYPING_BURST = 16  # characters
+MAX_STEPS = 12  # the training budget set in the form (the default is 1500)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(STARTUP_TIMEOUT_S + RUN_TIMEOUT_S + 120)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class AirflowUI:
+    """`make airflow` running in its own process group, with the simple auth manager's login page."""
+
+    def __init__(self, home: Path, log_path: Path):
+        self.password = secrets.token_urlsafe(16)
+        passwords = home / "passwords.json"
+        home.mkdir(parents=True)
+        passwords.write_text(json.dumps({USER: self.password}))
+        env = dict(os.environ)
+        env.update(
+            {
+                "GPT_PIPELINE_AIRFLOW_HOME": str(home),
+                "AIRFLOW__API__PORT": str(free_port()),
+                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+                "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            }
+        )
+        # The test session's Airflow settings (tests/conftest.py) are not the command's.
+        for name in ("AIRFLOW_HOME", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"):
+            env.pop(name, None)
+        self.log_path = log_path
+        self.log = log_path.open("w")
+        self.process = subprocess.Popen(
+            ["make", "--no-print-directory", "airflow"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.api = self.s3_endpoint = ""
+        self.token = ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def wait_until_ready(self) -> None:
+        """Until the command has printed its URLs and the API server lists the DAG."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"`make airflow` exited with {self.process.returncode}:\n{self.log_tail()}"
+            if not self.api and (match := UI_LINE.search(self.log_path.read_text(errors="replace"))):
+                self.api, self.s3_endpoint = match.group("api"), match.group("s3")
+            if self.api and self._dag_listed():
+                return
+            time.sleep(2)
+        raise AssertionError(f"Airflow did not list {DAG_ID} within {STARTUP_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    def _dag_listed(self) -> bool:
+        try:
+            self.get(f"/api/v2/dags/{DAG_ID}")
+            return True
+        except OSError:  # connection refused while starting, 401/404 until the DAG is parsed
+            self.token = ""
+            return False
+
+    def get(self, path: str) -> dict:
+        """GET from the REST API as the test user."""
+        if not self.token:
+            body = json.dumps({"username": USER, "password": self.password}).encode()
+            request = urllib.request.Request(
+                f"{self.api}/auth/token", data=body, headers={"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as response:
+                self.token = json.load(response)["access_token"]
+        request = urllib.request.Request(f"{self.api}{path}", headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as response:
+            return json.load(response)
+
+    def stop(self) -> None:
+        """Ctrl-C, as in a terminal: SIGINT to the command's process group, then wait for it to empty."""
+        group = self.process.pid
+        try:
+            os.killpg(group, signal.SIGINT)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                os.killpg(group, 0)  # raises once no process of the group is left
+                self.process.poll()
+                time.sleep(1)
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def airflow_ui(tmp_path):
+    ARTIFACTS.mkdir(exist_ok=True)
+    ui = AirflowUI(tmp_path / "airflow_home", ARTIFACTS / "ui-trigger-airflow.log")
+    try:
+        ui.wait_until_ready()
+        yield ui
+    finally:
+        ui.stop()
+
+
+@pytest.fixture
+def browser(tmp_path):
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
+    assert not missing, f"{', '.join(missing)} missing: `make test` installs Debian's chromium and chromium-driver"
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    yield driver
+    driver.quit()
+
+
+def log_in(driver: WebDriver, ui: AirflowUI) -> None:
+    driver.get(f"{ui.api}/")
+    wait = WebDriverWait(driver, 60)
+    wait.until(EC.visibility_of_element_located((By.NAME, "username"))).send_keys(USER)
+    driver.find_element(By.NAME, "password").send_keys(ui.password)
+    driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    wait.until(lambda d: "/auth/login" not in d.current_url)
+
+
+def open_trigger_form(driver: WebDriver, ui: AirflowUI) -> WebElement:
+    driver.get(f"{ui.api}/dags/{DAG_ID}")
+    wait = WebDriverWait(driver, 60)
+    wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, "[data-testid=trigger-dag-button]"))).click()
+    return wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, "[role=dialog][aria-modal=true]")))
+
+
+def set_param(driver: WebDriver, form: WebElement, name: str, value) -> None:
+    """Replace a Param's value in the form, typing as a user would (the form names fields element_{param})."""
+    field = form.find_element(By.CSS_SELECTOR, f'[id="element_{name}"], [id="number-input:element_{name}"] input')
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", field)
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(Keys.DELETE)
+    text = str(value)
+    # Typed in short bursts, each waited for: the form re-renders while it validates, and a long
+    # value typed in one go loses a keystroke to that (around the 50th character).
+    for end in range(TYPING_BURST, len(text) + TYPING_BURST, TYPING_BURST):
+        field.send_keys(text[end - TYPING_BURST : end])
+        WebDriverWait(driver, 10).until(
+            lambda _: field.get_attribute("value") == text[:end],
+            f"the form's {name} field does not show what was typed: {text[:end]!r}",
+        )
+
+
+def wait_for_run(ui: AirflowUI) -> dict:
+    """The run triggered from the form, once it has finished."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            runs = ui.get(f"/api/v2/dags/{DAG_ID}/dagRuns")["dag_runs"]
+        except TimeoutError:  # the API server can be slow to answer on a busy machine: ask again
+            continue
+        assert len(runs) <= 1, f"expected only the run triggered from the form, got {[run['dag_run_id'] for run in runs]}"
+        if runs and runs[0]["state"] in ("success", "failed"):
+            return runs[0]
+        time.sleep(5)
+    raise AssertionError(f"the run did not finish within {RUN_TIMEOUT_S} s; task states: {task_states(ui)}")
+
+
+def task_states(ui: AirflowUI) -> dict:
+    runs = ui.get(f"/api/v2/dags/{DAG_ID}/dagRuns")["dag_runs"]
+    if not runs:
+        return {}
+    instances = ui.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(runs[0]['dag_run_id'], safe='')}/taskInstances")["task_instances"]
+    return {instance["task_id"]: instance["state"] for instance in instances}
+
+
+def save_grid_screenshot(driver: WebDriver, ui: AirflowUI, run_id: str) -> Path:
+    """The finished run's page: the grid with the run's column, and its task instances all successful."""
+    driver.get(f"{ui.api}/dags/{DAG_ID}/runs/{quote(run_id, safe='')}")
+    wait = WebDriverWait(driver, 60)
+    wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, "[data-testid=task-collect]")))
+
+    def all_tasks_successful(d: WebDriver) -> bool:
+        states = [badge.text.strip() for badge in d.find_elements(By.CSS_SELECTOR, "[data-testid=table-cell-state]")]
+        return len(states) == 8 and set(states) == {"Success"}
+
+    wait.until(all_tasks_successful)
+    path = ARTIFACTS / "ui-trigger-grid.png"
+    assert driver.save_screenshot(str(path)), "the browser did not save the screenshot"
+    return path
+
+
+def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, browser, shakespeare_slice, tmp_path):
+    lake_dir = tmp_path / "lake"
+    log_in(browser, airflow_ui)
+    form = open_trigger_form(browser, airflow_ui)
+    form_values = {
+        "corpus": shakespeare_slice,
+        "vocab_size": 512,
+        "block_size": 32,
+        "stride": 16,
+        "embedding_dim": 32,
+        "max_steps": MAX_STEPS,
+        "eval_interval": 6,
+        "max_new_tokens": 20,
+        # One setting per line, for the knobs without a field of their own.
+        "overrides": "\n".join(
+            [
+                f"lake={lake_dir}",
+                "embedding.word2vec.max_sentences=2000",
+                "train.warmup_steps=2",
+                "train.log_interval=6",
+                "train.eval_batches=2",
+                "train.checkpoint_interval=6",
+            ]
+        ),
+    }
+    for name, value in form_values.items():
+        set_param(browser, form, name, value)
+    form.find_element(By.CSS_SELECTOR, "[data-testid=trigger-dag-submit]").click()
+
+    run = wait_for_run(airflow_ui)
+    assert run["run_type"] == "manual" and run["triggered_by"] == "ui", run
+    assert run["conf"]["max_steps"] == MAX_STEPS and run["conf"]["corpus"] == str(shakespeare_slice), run["conf"]
+    assert run["state"] == "success", f"the run failed; task states: {task_states(airflow_ui)}; see {airflow_ui.log_path}"
+    run_id = run["dag_run_id"]
+    run_path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}"
+
+    # The collect task's output: its report (XCom) and the record on the moto server.
+    report = airflow_ui.get(f"{run_path}/taskInstances/collect/xcomEntries/return_value")["value"]
+    config = load_config()
+    bucket, prefix = config.s3.bucket, f"{config.s3.prefix}/{Path(report['run_folder']).name}/"
+    assert report["s3_uri"] == f"s3://{bucket}/{prefix}"
+    assert report["run_folder"].startswith(lake_dir.as_uri()), "the run folder is not in the lake set in the form"
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=airflow_ui.s3_endpoint,
+        region_name=REGION,
+        # The moto server takes any key; these are made up here, like the command's own.
+        aws_access_key_id=f"test-{secrets.token_hex(8)}",
+        aws_secret_access_key=secrets.token_hex(20),
+    )
+    keys = {item["Key"][len(prefix) :] for item in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])}
+    for name in ("config.json", "samples.txt", "stats/train.json", REPORT_JSON, REPORT_TEXT):
+        assert name in keys, f"{name} missing from s3://{bucket}/{prefix}: {sorted(keys)}"
+    assert any(key.startswith("model/") for key in keys), f"no model/ in s3://{bucket}/{prefix}: {sorted(keys)}"
+
+    def s3_json(name: str) -> dict:
+        return json.loads(s3.get_object(Bucket=bucket, Key=prefix + name)["Body"].read())
+
+    # The values typed into the form are the ones the stages ran with.
+    recorded = s3_json("config.json")
+    assert recorded["train"]["max_steps"] == MAX_STEPS and recorded["tokenizer"]["vocab_size"] == 512
+    assert recorded["corpus"] == [shakespeare_slice.as_uri()]
+    assert s3_json("stats/train.json")["steps"] == MAX_STEPS
+    assert s3_json(REPORT_JSON) == report
+    sample = s3.get_object(Bucket=bucket, Key=prefix + "samples.txt")["Body"].read().decode("utf-8")
+    assert sample.strip() and sample == report["sample"]
+
+    screenshot = save_grid_screenshot(browser, airflow_ui, run_id)
+    assert screenshot.stat().st_size > 10_000
