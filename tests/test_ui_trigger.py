@@ -14,6 +14,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -157,12 +158,18 @@ class AirflowUI:
 @pytest.fixture
 def airflow_ui(tmp_path):
     ARTIFACTS.mkdir(exist_ok=True)
-    ui = AirflowUI(tmp_path / "airflow_home", ARTIFACTS / "ui-trigger-airflow.log")
+    home = tmp_path / "airflow_home"
+    ui = AirflowUI(home, ARTIFACTS / "ui-trigger-airflow.log")
     try:
         ui.wait_until_ready()
         yield ui
     finally:
         ui.stop()
+        # The task logs (spark-submit and training output) next to Airflow's own output.
+        task_logs = ARTIFACTS / "ui-trigger-task-logs"
+        shutil.rmtree(task_logs, ignore_errors=True)
+        if (home / "logs").is_dir():
+            shutil.copytree(home / "logs", task_logs)
 
 
 @pytest.fixture
