@@ -20,7 +20,16 @@ import tempfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from airflow.sdk import DAG, Asset, AssetAny, AssetOrTimeSchedule, CronTriggerTimetable, chain, get_current_context, task
+from airflow.sdk import (
+    DAG,
+    Asset,
+    AssetAny,
+    AssetOrTimeSchedule,
+    CronTriggerTimetable,
+    chain,
+    get_current_context,
+    task,
+)
 from airflow.sdk.exceptions import AirflowTimetableInvalid
 
 from include import local_runner, trigger_form
@@ -55,7 +64,9 @@ def validate_config() -> str:
     context = get_current_context()
     config = load_config(DEFAULT_CONFIG_PATH, trigger_form.overrides(dict(context["params"])))
     if config.target != CONFIG.target:
-        raise ConfigError(f"target: this DAG runs target {CONFIG.target!r} (set in pipeline.yaml), got {config.target!r}")
+        raise ConfigError(
+            f"target: this DAG runs target {CONFIG.target!r} (set in pipeline.yaml), got {config.target!r}"
+        )
     log.info("corpus files: %s", lake.corpus_files(config))
     run_dir = lake.create_run(config, f"{config.run_name}-{context['run_id']}")
     log.info("run folder: %s", run_dir)
@@ -78,7 +89,10 @@ def collect(run_dir: str) -> dict:
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     report = collect_record(run_dir, S3Hook(aws_conn_id=AWS_CONN_ID), STAGES)
-    log.info("record: %s  final val loss: %s  val nats/char: %s", report["s3_uri"], report["final_val_loss"], report["val_nats_per_char"])
+    log.info(
+        "record: %s  final val loss: %s  val nats/char: %s",
+        report["s3_uri"], report["final_val_loss"], report["val_nats_per_char"],
+    )  # fmt: skip
     return report
 
 

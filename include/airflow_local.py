@@ -74,7 +74,8 @@ def read_report(s3: LocalS3, config: PipelineConfig) -> dict:
     listing = client.list_objects_v2(Bucket=config.s3.bucket, Prefix=config.s3.prefix.strip("/") + "/")
     reports = [item["Key"] for item in listing.get("Contents", []) if item["Key"].endswith("/" + REPORT_JSON)]
     if len(reports) != 1:
-        raise PipelineError(f"expected one {REPORT_JSON} in s3://{config.s3.bucket}/{config.s3.prefix}/, found {reports}")
+        location = f"s3://{config.s3.bucket}/{config.s3.prefix}/"
+        raise PipelineError(f"expected one {REPORT_JSON} in {location}, found {reports}")
     return json.loads(client.get_object(Bucket=config.s3.bucket, Key=reports[0])["Body"].read())
 
 
@@ -130,7 +131,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("run", "ui"))
     parser.add_argument("--corpus", help="run: corpus path, glob or URI")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="run: a config override")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="run: a config override"
+    )
     return parser.parse_args(argv)
 
 

@@ -1,0 +1,104 @@
+"""The collect task's copy to S3 (include/collect.py) through the amazon provider's S3Hook and the
+Airflow connection, against a moto server: from a local run folder and from an s3:// one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from include.collect import collect_record
+from include.local_s3 import LocalS3
+from include.spark_submit import STAGES
+from spark_jobs.lib import lake
+from spark_jobs.lib.config import load_config
+from spark_jobs.lib.errors import PipelineError
+
+RECORD_BUCKET = "gpt-pipeline"
+LAKE_BUCKET = "lake-bucket"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with LocalS3(buckets=(RECORD_BUCKET, LAKE_BUCKET)) as server:
+        yield server
+
+
+@pytest.fixture
+def hook(s3, monkeypatch):
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    for name, value in s3.connection_env().items():
+        monkeypatch.setenv(name, value)
+    return S3Hook(aws_conn_id="aws_default")
+
+
+def finished_run(s3, run_dir: str, files: dict[str, bytes]) -> None:
+    """A run folder as the stages leave it, written to local disk or to the lake bucket."""
+    for name, data in files.items():
+        if run_dir.startswith("s3://"):
+            bucket, _, prefix = run_dir.removeprefix("s3://").partition("/")
+            s3.client().put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=data)
+        else:
+            lake.write_bytes(lake.join(run_dir, name), data)
+
+
+def run_files(config_json: str) -> dict[str, bytes]:
+    files = {f"stats/{stage}.json": json.dumps({"duration_s": 1.5}).encode() for stage in STAGES}
+    train = {"duration_s": 9.0, "final_val_loss": 2.5, "final_val_nats_per_char": 0.9}
+    files |= {
+        "config.json": config_json.encode(),
+        "stats/train.json": json.dumps(train).encode(),
+        "stats/epochs.csv": b"epoch,step,val_loss\n1,20,2.5\n",
+        "model/model.keras": b"\x00model bytes\xff",
+        "model/tokenizer.json": b"{}",
+        "samples.txt": "The man starts with a sample".encode(),
+        "tokens/part-0.parquet": b"not part of the record",
+    }
+    return files
+
+
+def record(s3, run_name: str) -> dict[str, bytes]:
+    client, prefix = s3.client(), f"runs/{run_name}/"
+    keys = [item["Key"] for item in client.list_objects_v2(Bucket=RECORD_BUCKET, Prefix=prefix)["Contents"]]
+    return {key[len(prefix) :]: client.get_object(Bucket=RECORD_BUCKET, Key=key)["Body"].read() for key in keys}
+
+
+@pytest.mark.parametrize("lake_root", ["local", f"s3://{LAKE_BUCKET}/lake"])
+def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lake_root):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake") if lake_root == "local" else lake_root}])
+    run_dir = lake.run_dir(config, f"run-{len(lake_root)}")
+    files = run_files(config.to_json())
+    finished_run(s3, run_dir, files)
+
+    report = collect_record(run_dir, hook, STAGES)
+
+    name = run_dir.rsplit("/", 1)[1]
+    copied = record(s3, name)
+    kept = {key: data for key, data in files.items() if not key.startswith("tokens/")}
+    assert {key: copied[key] for key in kept} == kept
+    assert set(copied) == set(kept) | {"report.json", "report.md"}
+    assert json.loads(copied["report.json"]) == report
+    assert report["s3_uri"] == f"s3://{RECORD_BUCKET}/runs/{name}/"
+    assert (report["final_val_loss"], report["val_nats_per_char"]) == (2.5, 0.9)
+    assert report["stage_seconds"] == {stage: (9.0 if stage == "train" else 1.5) for stage in STAGES}
+    assert report["sample"] == "The man starts with a sample"
+    assert "0.9 nats/char" in copied["report.md"].decode()
+
+
+def test_an_unfinished_run_is_not_collected(s3, hook, tmp_path):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    run_dir = lake.run_dir(config, "unfinished")
+    files = run_files(config.to_json())
+    del files["samples.txt"]
+    finished_run(s3, run_dir, files)
+    with pytest.raises(PipelineError, match="has no samples.txt: the run did not complete"):
+        collect_record(run_dir, hook, STAGES)
+
+
+def test_a_missing_bucket_is_named(s3, hook, tmp_path):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "s3.bucket=no-such-bucket"])
+    run_dir = lake.run_dir(config, "nowhere")
+    finished_run(s3, run_dir, run_files(config.to_json()))
+    with pytest.raises(PipelineError, match="s3.bucket: bucket 'no-such-bucket' does not exist"):
+        collect_record(run_dir, hook, STAGES)
