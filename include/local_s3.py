@@ -8,6 +8,7 @@ config holds a key and nothing can reach real AWS.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 
 import boto3
@@ -29,6 +30,7 @@ class LocalS3:
         self.endpoint_url = ""
 
     def __enter__(self) -> LocalS3:
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per S3 request
         self.server.start()
         host, port = self.server.get_host_and_port()
         self.endpoint_url = f"http://{host}:{port}"
