@@ -105,8 +105,10 @@ class Worker:
         self.start_step = backup["step"] if backup else 0
         self.rows = backup["rows"] if backup else []
         self.train_iterator = self._distributed(
+            # A seed per worker: with equal shard sizes one seed would put the same positions of
+            # every worker's shards (often overlapping neighbour windows) in the same batch.
             lambda: train_data.train_batches(files["train"], self.block_size, self.per_worker_batch,
-                                             config.train.seed, skip_batches=self.start_step)  # fmt: skip
+                                             config.train.seed + self.index, skip_batches=self.start_step)  # fmt: skip
         )
         self.val_iterator = self._distributed(
             lambda: train_data.eval_batches(files["val"], self.block_size, self.per_worker_batch)
@@ -218,6 +220,7 @@ class Worker:
             "final_val_nats_per_char": final.get("val_nats_per_char"),
             "final_val_accuracy": final.get("val_accuracy"),
             "parameters": int(sum(np.prod(w.shape) for w in self.model.trainable_weights)),
+            "optimizer_iterations": int(self.optimizer.iterations.numpy()),
         }
 
     def save(self) -> None:
