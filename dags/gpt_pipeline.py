@@ -3,6 +3,9 @@
 
 validate_config → tokenize → window → positional_embed → export → train → generate → collect
 
+With `target: emr` in pipeline.yaml each stage is an EMR step on a cluster made for the run:
+validate_config → create_cluster → {stage}_step → {stage}_wait … → collect → terminate_cluster
+
 Each stage is a Spark application run with spark-submit (include/spark_submit.py builds the
 command for every target); stages talk only through the run folder `{lake}/runs/{run}/`.
 `collect` copies the resolved config, stats, model and samples to
@@ -32,17 +35,18 @@ from airflow.sdk import (
 )
 from airflow.sdk.exceptions import AirflowTimetableInvalid
 
-from include import local_runner, trigger_form
+from include import emr, emr_tasks, local_runner, trigger_form
 from include.collect import AWS_CONN_ID, collect_record
 from include.spark_submit import STAGES, package_code
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, ConfigError, PipelineConfig, load_config, read_yaml
+from spark_jobs.lib.config import ConfigError, PipelineConfig, defaults_path, load_config, read_yaml
 from spark_jobs.lib.stage import load_run_config
 
 log = logging.getLogger(__name__)
 
 DAG_ID = "gpt_pipeline"
-CONFIG = load_config(DEFAULT_CONFIG_PATH)  # the defaults: target, schedule and the form's values
+CONFIG_PATH = defaults_path()  # include/config/pipeline.yaml unless GPT_PIPELINE_CONFIG names another
+CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form's values
 
 
 def retraining_schedule(config: PipelineConfig):
@@ -58,19 +62,34 @@ def retraining_schedule(config: PipelineConfig):
     return AssetOrTimeSchedule(timetable=timetable, assets=corpus)
 
 
+def form_config() -> tuple[PipelineConfig, str]:
+    """This run's config (pipeline.yaml + the trigger form, validated) and its run folder name."""
+    context = get_current_context()
+    config = load_config(CONFIG_PATH, trigger_form.overrides(dict(context["params"])))
+    if config.target != CONFIG.target:
+        raise ConfigError(f"target: this DAG runs target {CONFIG.target!r} (set in pipeline.yaml), got {config.target!r}")
+    return config, f"{config.run_name}-{context['run_id']}"
+
+
 @task(retries=0)
 def validate_config() -> str:
     """Build this run's config from pipeline.yaml and the trigger form, check it, create the run folder."""
-    context = get_current_context()
-    config = load_config(DEFAULT_CONFIG_PATH, trigger_form.overrides(dict(context["params"])))
-    if config.target != CONFIG.target:
-        raise ConfigError(
-            f"target: this DAG runs target {CONFIG.target!r} (set in pipeline.yaml), got {config.target!r}"
-        )
+    config, run_id = form_config()
     log.info("corpus files: %s", lake.corpus_files(config))
-    run_dir = lake.create_run(config, f"{config.run_name}-{context['run_id']}")
+    run_dir = lake.create_run(config, run_id)
     log.info("run folder: %s", run_dir)
     return run_dir
+
+
+@task(task_id="validate_config", multiple_outputs=True, retries=0)
+def validate_config_for_emr() -> dict:
+    """Check the config and the corpus on S3 before any cluster exists, then upload the run's code
+    and config; returns the run folder, the cluster request and every stage's step."""
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    config, run_id = form_config()
+    log.info("corpus files: %s", emr.corpus_keys(config, S3Hook(aws_conn_id=config.emr.aws_conn_id)))
+    return emr_tasks.prepare(config, run_id, CONFIG)
 
 
 @task
@@ -96,13 +115,6 @@ def collect(run_dir: str) -> dict:
     return report
 
 
-def run_stage(stage: str, run_dir):
-    """The task(s) that run one stage on the configured target."""
-    if CONFIG.target == "local":
-        return run_local_stage.override(task_id=stage)(stage, run_dir)
-    raise ConfigError(f"target: {CONFIG.target!r} has no tasks in this DAG yet; use target: local")
-
-
 with DAG(
     dag_id=DAG_ID,
     description="Train a GPT-style model: Spark preprocessing, multi-worker TensorFlow, record to S3",
@@ -111,7 +123,7 @@ with DAG(
     start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
     max_active_runs=1,
-    params=trigger_form.params(read_yaml(DEFAULT_CONFIG_PATH)),
+    params=trigger_form.params(read_yaml(CONFIG_PATH)),
     default_args={
         "owner": "ml-platform",
         "retries": 1,
@@ -120,6 +132,13 @@ with DAG(
     },
     tags=["gpt-pipeline", "spark", "tensorflow", f"target-{CONFIG.target}"],
 ) as dag:
-    run_dir = validate_config()
-    stages = [run_stage(stage, run_dir) for stage in STAGES]
-    chain(run_dir, *stages, collect(run_dir))
+    if CONFIG.target == "local":
+        run_dir = validate_config()
+        stages = [run_local_stage.override(task_id=stage)(stage, run_dir) for stage in STAGES]
+        chain(run_dir, *stages, collect(run_dir))
+    else:
+        # create_cluster -> {stage}_step -> {stage}_wait ... -> collect -> terminate_cluster (a
+        # teardown: it runs whatever happened, and a failed step still fails the run).
+        prepared = validate_config_for_emr()
+        create, last_wait, terminate = emr_tasks.cluster_tasks(CONFIG, prepared)
+        last_wait >> collect(prepared["run_dir"]) >> terminate

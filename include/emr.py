@@ -8,6 +8,7 @@ A run's code lives in s3://{emr.code_prefix}/{run_id}/: the stage entry files an
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import re
 import tempfile
@@ -19,6 +20,7 @@ import yaml
 from include.spark_submit import STAGES, package_code, spark_submit_argv
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
+from spark_jobs.lib.errors import PipelineError
 
 CONFIG_DIR = REPO_ROOT / "include" / "config"
 TEMPLATE_PATH = CONFIG_DIR / "emr_cluster.yaml"
@@ -177,6 +179,21 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
         raise ConfigError(f"{uri} is not an s3:// URI")
     bucket, _, key = uri.removeprefix("s3://").partition("/")
     return bucket, key
+
+
+def corpus_keys(config: PipelineConfig, s3_hook) -> list[str]:
+    """Every corpus object on S3 (globs in the last path component), or a PipelineError naming
+    the pattern that matched nothing: checked before a cluster is created."""
+    found = []
+    for pattern in config.corpus:
+        bucket, key = split_s3_uri(pattern)
+        folder = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
+        keys = s3_hook.list_keys(bucket_name=bucket, prefix=folder if any(c in key for c in "*?[") else key) or []
+        matched = [f"s3://{bucket}/{name}" for name in keys if fnmatch.fnmatchcase(name, key) or name == key]
+        if not matched:
+            raise PipelineError(f"corpus {pattern} matches no object on S3")
+        found.extend(matched)
+    return sorted(set(found))
 
 
 def upload_run(config: PipelineConfig, run_id: str, s3_client) -> dict[str, str]:

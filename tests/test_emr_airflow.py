@@ -1,7 +1,8 @@
-"""The EMR target's tasks (include/emr_tasks.py: the amazon provider's real operators) run by
-Airflow's dag.test() against a moto server: EMR and S3 over HTTP, fake credentials, every AWS
-endpoint forced to moto. moto never runs a step, so a thread plays the cluster: it finishes each
-step as it is added (failing one when asked) and writes the stage's completion marker."""
+"""The pipeline DAG with target emr (dags/gpt_pipeline.py with the amazon provider's real
+operators from include/emr_tasks.py) run by Airflow's dag.test() against a moto server: EMR and S3
+over HTTP, fake credentials, every AWS endpoint forced to moto. moto never runs a step, so a
+thread plays the cluster: it finishes each step as it is added (failing one when asked) and writes
+what the stage would (its completion marker; train's stats and generate's sample for collect)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import boto3
 import pytest
 import requests
+import yaml
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.emr.models import emr_backends
 from moto.emr.responses import ElasticMapReduceResponse
@@ -25,12 +27,14 @@ from moto.server import ThreadedMotoServer
 from include import emr
 from include.spark_submit import STAGES, package_code
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import load_config
+from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, REPO_ROOT, apply_overrides, load_config, read_yaml
 
 REGION = "us-east-1"
 BUCKET = "gpt-pipeline"
-DAG_FILE = Path(__file__).parent / "emr_dag" / "emr_pipeline.py"
-OVERRIDES = {"target": "emr", "lake": f"s3://{BUCKET}/lake", "emr": {"poke_interval_seconds": 1}}
+DAG_FILE = REPO_ROOT / "dags" / "gpt_pipeline.py"
+CORPUS = f"s3://{BUCKET}/corpus/*.txt"
+OVERRIDES = {"target": "emr", "corpus": CORPUS, "lake": f"s3://{BUCKET}/lake", "emr": {"poke_interval_seconds": 1}}
+TRAIN_STATS = {"final_val_loss": 4.2, "final_val_nats_per_char": 1.3}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +61,16 @@ def airflow_db():
 
 
 @pytest.fixture
-def aws(moto_endpoint, monkeypatch):
+def emr_defaults(tmp_path, monkeypatch):
+    """pipeline.yaml with target emr, as the DAG's defaults file."""
+    path = tmp_path / "pipeline-emr.yaml"
+    path.write_text(yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), OVERRIDES)))
+    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(path))
+    return path
+
+
+@pytest.fixture
+def aws(moto_endpoint, monkeypatch, emr_defaults):
     """Fake credentials and every client (boto3, pyarrow, the Airflow connection) on moto."""
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
         monkeypatch.delenv(name, raising=False)
@@ -71,6 +84,7 @@ def aws(moto_endpoint, monkeypatch):
     requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10).raise_for_status()
     s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint)
     s3.create_bucket(Bucket=BUCKET)
+    s3.put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=b"Shall I compare thee to a summer's day?\n")
     return {"s3": s3, "emr": boto3.client("emr", region_name=REGION, endpoint_url=moto_endpoint)}
 
 
@@ -112,8 +126,14 @@ class Cluster(threading.Thread):
             step.state = "FAILED"
         else:
             run_dir = step.args[step.args.index("--run-dir") + 1]
-            bucket, key = emr.split_s3_uri(lake.stats_uri(run_dir, step.name))
-            self.s3.put_object(Bucket=bucket, Key=key, Body=b"{}")
+            outputs = {lake.stats_uri(run_dir, step.name): b"{}"}
+            if step.name == "train":
+                outputs[lake.stats_uri(run_dir, "train")] = json.dumps(TRAIN_STATS).encode()
+            if step.name == "generate":
+                outputs[lake.join(run_dir, "samples.txt")] = b"The man starts with a song"
+            for uri, body in outputs.items():
+                bucket, key = emr.split_s3_uri(uri)
+                self.s3.put_object(Bucket=bucket, Key=key, Body=body)
             step.state = "COMPLETED"
         step.end_date_time = datetime.now(timezone.utc)
         self.finished.append(step.name)
@@ -127,8 +147,7 @@ class Cluster(threading.Thread):
         self.join()
 
 
-def run_dag(monkeypatch, aws, fail_stage: str | None = None):
-    monkeypatch.setenv("EMR_TEST_OVERRIDES", json.dumps(OVERRIDES))
+def run_dag(aws, fail_stage: str | None = None):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     with Cluster(aws["s3"], fail_stage) as cluster:
         dag_run = dag.test()
@@ -154,7 +173,7 @@ def zip_members(data: bytes) -> dict[str, bytes]:
 def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminates(
     airflow_db, aws, run_job_flow_requests, monkeypatch, tmp_path
 ):
-    dag_run, states, finished = run_dag(monkeypatch, aws)
+    dag_run, states, finished = run_dag(aws)
     config = load_config(overrides=OVERRIDES)
     run_id = f"{config.run_name}-{dag_run.run_id}"
 
@@ -197,11 +216,14 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
         assert s3_bytes(aws, lake.join(code, name)) == path.read_bytes()
     run_dir = lake.run_dir(config, run_id)
     assert json.loads(s3_bytes(aws, lake.join(run_dir, lake.CONFIG_FILE))) == json.loads(config.to_json())
-    assert json.loads(s3_bytes(aws, lake.join(run_dir, "collected.json"))) == list(STAGES)
+    # collect copied the record and wrote the report.
+    report = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{lake.safe_run_id(run_id)}/report.json"))
+    assert report["val_nats_per_char"] == TRAIN_STATS["final_val_nats_per_char"]
+    assert report["sample"] == "The man starts with a song"
 
 
 def test_a_failed_step_fails_the_run_and_the_cluster_is_still_terminated(airflow_db, aws, monkeypatch):
-    dag_run, states, finished = run_dag(monkeypatch, aws, fail_stage="window")
+    dag_run, states, finished = run_dag(aws, fail_stage="window")
 
     assert dag_run.state == "failed"
     assert states["tokenize_wait"] == "success"
@@ -215,8 +237,7 @@ def test_a_failed_step_fails_the_run_and_the_cluster_is_still_terminated(airflow
     assert sorted(step["Name"] for step in steps) == ["tokenize", "window"]
 
 
-def test_sensors_wait_as_long_as_their_stage_and_terminate_is_a_teardown(monkeypatch):
-    monkeypatch.setenv("EMR_TEST_OVERRIDES", json.dumps(OVERRIDES))
+def test_sensors_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr_defaults):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     config = load_config(overrides=OVERRIDES)
     for stage in STAGES:

@@ -8,6 +8,7 @@ raises ConfigError naming the field.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_PATH = REPO_ROOT / "include" / "config" / "pipeline.yaml"
+
+
+def defaults_path() -> Path:
+    """The defaults file: GPT_PIPELINE_CONFIG when set (e.g. a copy with target: emr), else pipeline.yaml."""
+    return Path(os.environ.get("GPT_PIPELINE_CONFIG") or DEFAULT_CONFIG_PATH)
 
 # Byte-level BPE starts from 256 byte symbols; the special tokens come on top.
 SPECIAL_TOKENS = ("<|endoftext|>",)
@@ -265,7 +271,7 @@ def read_yaml(path: Path | str) -> dict:
 
 def load_config(path: Path | str | None = None, overrides: list[str] | dict | None = None) -> PipelineConfig:
     """Read the YAML defaults, apply overrides, validate."""
-    data = read_yaml(path or DEFAULT_CONFIG_PATH)
+    data = read_yaml(path or defaults_path())
     return validate(apply_overrides(data, overrides))
 
 
