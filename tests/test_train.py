@@ -4,8 +4,11 @@ then spark-submit with a barrier stage of two TensorFlow workers over loopback."
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,9 +17,11 @@ import psutil
 import pytest
 
 from include.local_runner import run_pipeline, run_stage
+from include.local_s3 import LocalS3
 from include.spark_submit import package_code
+from spark_jobs.generate import load_model
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import load_config
+from spark_jobs.lib.config import REPO_ROOT, load_config
 from spark_jobs.lib.train_state import BACKUP
 from spark_jobs.lib.train_stats import EPOCH_COLUMNS
 from tests.conftest import small_config
@@ -136,3 +141,27 @@ def _run_capturing(failure: list, *args) -> None:
         run_stage("train", *args)
     except Exception as error:  # reported by the test thread
         failure.append(error)
+
+
+def test_a_worker_trains_from_an_s3_run_folder(prepared, monkeypatch, tmp_path):
+    """On EMR the run folder is on S3: the worker copies its shards to local disk and saves the
+    model back (one worker in a plain process here; the barrier stage is the same either way)."""
+    config, run, _ = prepared
+    with LocalS3(buckets=("lake",)) as s3:
+        for key, value in s3.connection_env().items():
+            monkeypatch.setenv(key, value)
+        s3_run = "s3://lake/runs/on-s3"
+        lake.upload_dir(lake.local_path(run), s3_run)
+        config = load_config(overrides=[config.model_dump(), {"lake": "s3://lake"}, "train.num_workers=1",
+                                        "train.max_steps=10"])  # fmt: skip
+        lake.write_text(lake.join(s3_run, lake.CONFIG_FILE), config.to_json())
+        result_file = tmp_path / "result.json"
+        completed = subprocess.run(
+            [sys.executable, "-m", "spark_jobs.lib.trainer", "--run-dir", s3_run, "--result", str(result_file)],
+            cwd=REPO_ROOT,
+        )
+        assert completed.returncode == 0
+        assert json.loads(result_file.read_text())["steps"] == 10
+        assert lake.exists(lake.join(s3_run, "stats", "epochs.csv"))
+        model, tokenizer = load_model(lake.join(s3_run, "model"))
+        assert model.get_layer("embedding").vocab_size == tokenizer.get_vocab_size()
