@@ -4,6 +4,7 @@ local Spark session; tests/test_preprocess_e2e.py checks the same through spark-
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -35,6 +36,8 @@ def spark():
         )
         yield session
         session.stop()
+        # py4j logs from __del__ at interpreter exit, after pytest has closed the captured streams.
+        logging.getLogger("py4j").disabled = True
 
 
 def run_tokenize(config, name="run"):
