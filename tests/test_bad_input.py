@@ -37,7 +37,7 @@ def spark():
         yield session
         session.stop()
         # py4j logs from __del__ at interpreter exit, after pytest has closed the captured streams.
-        logging.getLogger("py4j").disabled = True
+        logging.getLogger("py4j").setLevel(logging.CRITICAL)
 
 
 def run_tokenize(config, name="run"):
