@@ -14,19 +14,14 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from include.spark_submit import STAGE_FILES, STAGES, local_master, package_code, spark_submit_argv
+from include.spark_submit import STAGES, local_master, package_code, spark_submit_argv
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig, load_config
+from spark_jobs.lib.config import ConfigError, PipelineConfig, load_config
 from spark_jobs.lib.errors import PipelineError
 
 
 class StageFailed(RuntimeError):
     pass
-
-
-def available_stages() -> tuple[str, ...]:
-    """The stages, in order, whose application file exists in spark_jobs/."""
-    return tuple(stage for stage in STAGES if (REPO_ROOT / "spark_jobs" / STAGE_FILES[stage]).is_file())
 
 
 def describe(stage: str, stats: dict) -> list[str]:
@@ -66,7 +61,7 @@ def run_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) 
 
 
 def run_pipeline(config: PipelineConfig, run_id: str, stages: tuple[str, ...] | None = None) -> str:
-    stages = available_stages() if stages is None else stages
+    stages = STAGES if stages is None else stages
     run_dir = lake.create_run(config, run_id)
     with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as code_dir:
         package_code(Path(code_dir))
@@ -83,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--run-id", help="run folder name (default: {run_name}-{UTC timestamp})")
     parser.add_argument(
-        "--stages", default=",".join(available_stages()), help="comma-separated stages to run, in order (default: all)"
+        "--stages", default=",".join(STAGES), help="comma-separated stages to run, in order (default: all)"
     )
     return parser.parse_args(argv)
 

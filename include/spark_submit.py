@@ -30,8 +30,7 @@ def package_code(dest: Path) -> Path:
     entries = dest / "spark_jobs"
     entries.mkdir(parents=True, exist_ok=True)
     for name in STAGE_FILES.values():
-        if (source / name).is_file():  # a stage still being written is simply not shipped
-            (entries / name).write_bytes((source / name).read_bytes())
+        (entries / name).write_bytes((source / name).read_bytes())
     archive = dest / LIBRARY_ZIP
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
         for file in sorted(source.rglob("*.py")):
@@ -56,10 +55,6 @@ def local_master(stage: str, config: PipelineConfig, cores: int) -> str:
     return f"local[{cores}]"
 
 
-def stage_arguments(stage: str, run_dir: str) -> list[str]:
-    return ["--run-dir", run_dir]
-
-
 def spark_submit_argv(
     stage: str,
     config: PipelineConfig,
@@ -78,4 +73,4 @@ def spark_submit_argv(
         argv += ["--conf", f"{key}={value}"]
     code = code_uri.rstrip("/")
     argv += ["--py-files", f"{code}/{LIBRARY_ZIP}", f"{code}/spark_jobs/{STAGE_FILES[stage]}"]
-    return argv + stage_arguments(stage, run_dir)
+    return argv + ["--run-dir", run_dir]

@@ -32,11 +32,8 @@ def load_run_config(run: str) -> PipelineConfig:
 def spark_session(stage: str):
     from pyspark.sql import SparkSession
 
-    return (
-        SparkSession.builder.appName(f"gpt-pipeline-{stage}")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .getOrCreate()
-    )
+    # Settings come from spark-submit (include/spark_submit.stage_conf), the same on every target.
+    return SparkSession.builder.appName(f"gpt-pipeline-{stage}").getOrCreate()
 
 
 def stop_spark(spark) -> None:
