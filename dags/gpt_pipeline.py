@@ -33,7 +33,7 @@ from airflow.sdk import (
     get_current_context,
     task,
 )
-from airflow.sdk.exceptions import AirflowTimetableInvalid
+from airflow.sdk.exceptions import AirflowFailException, AirflowTimetableInvalid
 
 from include import emr, emr_tasks, local_runner, trigger_form
 from include.collect import AWS_CONN_ID, collect_record
@@ -98,7 +98,12 @@ def run_local_stage(stage: str, run_dir: str) -> dict:
     config = load_run_config(run_dir)
     with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as code_dir:
         package_code(Path(code_dir))
-        local_runner.run_stage(stage, config, run_dir, Path(code_dir))
+        try:
+            local_runner.run_stage(stage, config, run_dir, Path(code_dir))
+        except local_runner.StageFailed as error:
+            if error.bad_input:  # fail without the retry, which would stop on the same input
+                raise AirflowFailException(str(error)) from error
+            raise
     return lake.read_json(lake.stats_uri(run_dir, stage))
 
 

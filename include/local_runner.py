@@ -17,14 +17,21 @@ from pathlib import Path
 from include.spark_submit import STAGES, local_master, package_code, spark_submit_argv
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import ConfigError, PipelineConfig, load_config
-from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 
 
 VECTOR_MODULE = "--add-modules=jdk.incubator.vector"
 
 
 class StageFailed(RuntimeError):
-    pass
+    def __init__(self, stage: str, returncode: int, argv: list[str]):
+        super().__init__(f"stage {stage} failed with exit code {returncode} (command: {' '.join(argv)})")
+        self.returncode = returncode
+
+    @property
+    def bad_input(self) -> bool:
+        """The stage stopped on bad input (its one-line ERROR says what): a retry would fail the same way."""
+        return self.returncode == BAD_INPUT_EXIT
 
 
 def describe(stage: str, stats: dict) -> list[str]:
@@ -63,7 +70,7 @@ def run_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) 
     argv = local_argv(stage, config, run_dir, code_dir)
     completed = subprocess.run(argv, env=spark_env())
     if completed.returncode != 0:
-        raise StageFailed(f"stage {stage} failed with exit code {completed.returncode} (command: {' '.join(argv)})")
+        raise StageFailed(stage, completed.returncode, argv)
 
 
 def run_pipeline(config: PipelineConfig, run_id: str, stages: tuple[str, ...] | None = None) -> str:

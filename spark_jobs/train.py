@@ -3,7 +3,8 @@
 Each barrier task picks a port, learns its peers' host:port through allGather, builds TF_CONFIG
 from them and runs one training worker (spark_jobs/lib/trainer.py) under
 MultiWorkerMirroredStrategy. If any worker fails, Spark retries the whole barrier stage and the
-workers resume from the last training-state backup in the run folder.
+workers resume from the last training-state backup in the run folder; a failure that a retry
+would repeat (a diverging loss) fails the stage at once.
 
 Reads tfrecords/, embeddings/, tokenizer/; writes model/, stats/epochs.csv and stats/train.json.
 """
@@ -20,8 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from spark_jobs.lib import lake, train_data
+from spark_jobs.lib import lake, train_data, trainer
 from spark_jobs.lib.config import PipelineConfig
+from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage
 
 PR_SET_PDEATHSIG = 1
@@ -42,6 +44,9 @@ def train(spark, config: PipelineConfig, run: str) -> dict:
         .collect()
     )
     results.sort(key=lambda result: result["worker"])
+    for result in results:
+        if "error" in result:
+            raise PipelineError(f"training worker {result['worker']}: {result['error']}")
     chief = results[0]
     return {
         "workers": workers,
@@ -97,6 +102,8 @@ def run_worker_process(run: str, tf_config: dict, threads: int) -> dict:
                 "--result", str(result_file)]  # fmt: skip
         completed = subprocess.run(argv, env=env, preexec_fn=die_with_parent)
         index = tf_config["task"]["index"]
+        if completed.returncode == trainer.SETTINGS_FAILURE_EXIT:
+            return {"worker": index, **json.loads(result_file.read_text())}
         if completed.returncode != 0:
             raise RuntimeError(f"training worker {index} exited with code {completed.returncode}")
         return json.loads(result_file.read_text())

@@ -86,6 +86,23 @@ def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, 
 
 
 @pytest.mark.slow
+def test_a_bad_corpus_fails_tokenize_without_a_retry(local_airflow, tmp_path):
+    env, _, home = local_airflow
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"To be, or not to be\n" * 500 + b"\x00")
+    code, output = dags_test(env, {"corpus": str(corpus), "overrides": [f"lake={tmp_path / 'lake'}"]})
+    assert code != 0
+    assert f"corpus file {corpus.as_uri()} looks binary (NUL byte at offset 10000)" in output
+    run_id, state, tasks = last_run_states(home)
+    assert state == "failed" and tasks["tokenize"] == "failed"
+    with sqlite3.connect(home / "airflow.db") as db:
+        (tries,) = db.execute(
+            "SELECT try_number FROM task_instance WHERE run_id = ? AND task_id = 'tokenize'", (run_id,)
+        ).fetchone()
+    assert tries == 1, "bad input is not retried"
+
+
+@pytest.mark.slow
 def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airflow, shakespeare_slice, tmp_path):
     env, s3, home = local_airflow
     conf = {"corpus": str(shakespeare_slice), "run_name": "e2e", "overrides": [f"lake={tmp_path / 'lake'}", *SMALL_RUN]}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from include.local_runner import run_pipeline, run_stage
+from include.local_runner import local_argv, run_pipeline, run_stage, spark_env
 from include.local_s3 import LocalS3
 from include.spark_submit import package_code
 from spark_jobs.generate import load_model
@@ -133,6 +134,23 @@ def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup
     resumed = [int(row["resumed_from_step"]) for row in rows]
     assert resumed[0] == 0 and resumed[-1] == stats["resumed_from_step"]
     assert lake.exists(lake.join(run, "model", "model.keras"))
+    assert not training_processes(run)
+
+
+def test_a_diverging_loss_fails_the_stage_at_once_with_a_clear_message(prepared):
+    config, run, code = fresh_run(prepared, "diverging", ["train.learning_rate=1e30"])
+    completed = subprocess.run(
+        local_argv("train", config, run, code), env=spark_env(), capture_output=True, text=True, timeout=600
+    )
+    # Exit 2 is the stage's own error; Spark giving up after retrying the barrier stage exits 1.
+    assert completed.returncode == 2, completed.stderr[-3000:]
+    # spark-submit passes the application's stderr on to its stdout.
+    assert re.search(
+        r"ERROR \[train\] training worker 0: training loss became (nan|inf) at step \d+; lower train.learning_rate",
+        completed.stdout,
+    ), completed.stdout[-3000:]
+    assert "Lost task" not in completed.stderr, "no training task failed, so Spark retried nothing"
+    assert not lake.exists(lake.stats_uri(run, "train"))
     assert not training_processes(run)
 
 

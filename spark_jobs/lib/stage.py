@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import PipelineConfig, from_json
-from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 
 StageBody = Callable[["SparkSession", PipelineConfig, str], dict]  # noqa: F821
 
@@ -63,6 +63,6 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dic
         lake.complete_stage(run, stage, stats)
     except PipelineError as error:
         print(f"ERROR [{stage}] {error}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.exit(BAD_INPUT_EXIT)
     print(f"[{stage}] done: {json.dumps(stats, sort_keys=True)}", flush=True)
     return stats

@@ -26,10 +26,14 @@ import numpy as np
 
 from spark_jobs.lib import lake, train_data, train_state
 from spark_jobs.lib.config import PipelineConfig
+from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import load_run_config
 from spark_jobs.lib.train_stats import IntervalStats, epochs_csv
 
 EPOCHS_CSV = "stats/epochs.csv"
+# Exit code of a worker stopped by its settings (e.g. a diverging loss): a retry would fail the
+# same way, so the stage fails at once instead of Spark retrying the barrier stage.
+SETTINGS_FAILURE_EXIT = 3
 
 
 def fingerprint(config: PipelineConfig, manifest: dict) -> str:
@@ -182,8 +186,8 @@ class Worker:
             seconds = time.perf_counter() - started
             step_seconds += seconds
             stats.add_step(loss, accuracy, norm, seconds)
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"training loss became {loss} at step {step}; lower train.learning_rate")
+            if not math.isfinite(loss):  # the same on every worker: the loss is all-reduced
+                raise PipelineError(f"training loss became {loss} at step {step}; lower train.learning_rate")
             if self.is_chief and (step % train.log_interval == 0 or step == train.max_steps):
                 rate = tokens_per_step / seconds
                 print(f"[train] step {step}/{train.max_steps} loss {loss:.4f} {rate:,.0f} tokens/s", flush=True)
@@ -289,6 +293,9 @@ def main(argv: list[str] | None = None) -> None:
         result = train_worker(load_run_config(run), run, args.threads)
         Path(args.result).write_text(json.dumps(result))
         exit_code = 0
+    except PipelineError as error:
+        Path(args.result).write_text(json.dumps({"error": str(error)}))
+        exit_code = SETTINGS_FAILURE_EXIT
     except BaseException:
         traceback.print_exc()
     finally:
