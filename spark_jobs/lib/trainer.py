@@ -175,11 +175,9 @@ class Worker:
         return max(1, math.ceil(self.manifest["splits"]["val"]["windows"] / self.config.train.batch_size))
 
     def train(self) -> dict:
-        train, split = self.config.train, self.manifest["splits"]["val"]
-        tokens_per_step = train.batch_size * self.block_size
+        train = self.config.train
         stats, interval_started = IntervalStats(), time.perf_counter()
         loop_started, step_seconds = time.perf_counter(), 0.0
-        final = {}
         for step in range(self.start_step + 1, train.max_steps + 1):
             started = time.perf_counter()
             loss, accuracy, norm = (float(value) for value in self.train_step())
@@ -189,37 +187,50 @@ class Worker:
             if not math.isfinite(loss):  # the same on every worker: the loss is all-reduced
                 raise PipelineError(f"training loss became {loss} at step {step}; lower train.learning_rate")
             if self.is_chief and (step % train.log_interval == 0 or step == train.max_steps):
-                rate = tokens_per_step / seconds
+                rate = self.tokens_per_step / seconds
                 print(f"[train] step {step}/{train.max_steps} loss {loss:.4f} {rate:,.0f} tokens/s", flush=True)
             last = step == train.max_steps
             if step % train.eval_interval == 0 or last:
-                val_loss, val_accuracy = self.evaluate(self.full_eval_batches() if last else train.eval_batches)
-                row = stats.row(
-                    epoch=len(self.rows) + 1, step=step, duration_s=time.perf_counter() - interval_started,
-                    tokens_per_step=tokens_per_step, learning_rate=float(self.schedule(step - 1)),
-                    val_loss=val_loss, val_accuracy=val_accuracy, tokens=split["tokens"], chars=split["chars"],
-                    workers=self.workers, resumed_from_step=self.start_step,
-                )  # fmt: skip
-                self.rows.append(row)
-                if self.is_chief:
-                    print(
-                        f"[train] step {step}: val loss {val_loss:.4f}, {row['val_nats_per_char']:.4f} nats/char, "
-                        f"{row['tokens_per_s']:,.0f} tokens/s",
-                        flush=True,
-                    )
-                    lake.write_text(lake.join(self.run, EPOCHS_CSV), epochs_csv(self.rows))
-                final = row
+                self.record_interval(step, stats, time.perf_counter() - interval_started, last)
                 stats, interval_started = IntervalStats(), time.perf_counter()
             if step % train.checkpoint_interval == 0 and not last and self.is_chief:
                 train_state.save_backup(self.run, step, self.model, self.optimizer, self.rows, self.fingerprint)
-        steps = train.max_steps - self.start_step
+        return self.summary(time.perf_counter() - loop_started, step_seconds)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.config.train.batch_size * self.block_size
+
+    def record_interval(self, step: int, stats: IntervalStats, seconds: float, last: bool) -> None:
+        """Evaluate (on the whole validation split after the last step) and add the interval's row
+        to stats/epochs.csv."""
+        split = self.manifest["splits"]["val"]
+        val_loss, val_accuracy = self.evaluate(self.full_eval_batches() if last else self.config.train.eval_batches)
+        row = stats.row(
+            epoch=len(self.rows) + 1, step=step, duration_s=seconds, tokens_per_step=self.tokens_per_step,
+            learning_rate=float(self.schedule(step - 1)), val_loss=val_loss, val_accuracy=val_accuracy,
+            tokens=split["tokens"], chars=split["chars"], workers=self.workers, resumed_from_step=self.start_step,
+        )  # fmt: skip
+        self.rows.append(row)
+        if self.is_chief:
+            print(
+                f"[train] step {step}: val loss {val_loss:.4f}, {row['val_nats_per_char']:.4f} nats/char, "
+                f"{row['tokens_per_s']:,.0f} tokens/s",
+                flush=True,
+            )
+            lake.write_text(lake.join(self.run, EPOCHS_CSV), epochs_csv(self.rows))
+
+    def summary(self, wall_s: float, step_seconds: float) -> dict:
+        """This worker's result: the attempt's steps and speed, and the final evaluation."""
+        steps = self.config.train.max_steps - self.start_step
+        final = self.rows[-1] if self.rows else {}
         return {
             "worker": self.index,
             "workers": self.workers,
             "resumed_from_step": self.start_step,
             "steps": steps,
-            "train_wall_s": round(time.perf_counter() - loop_started, 3),
-            "tokens_per_s": round(steps * tokens_per_step / step_seconds, 1) if steps else None,
+            "train_wall_s": round(wall_s, 3),
+            "tokens_per_s": round(steps * self.tokens_per_step / step_seconds, 1) if steps else None,
             "final_val_loss": final.get("val_loss"),
             "final_val_nats_per_char": final.get("val_nats_per_char"),
             "final_val_accuracy": final.get("val_accuracy"),
