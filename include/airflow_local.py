@@ -12,11 +12,14 @@ triggered from the form and watched. Airflow's home is airflow_home/ in the chec
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from include.collect import REPORT_JSON
@@ -87,8 +90,29 @@ def print_report(report: dict) -> None:
     print(f"generated sample:\n{report['sample']}")
 
 
+@contextmanager
+def exclusive_home(home: Path, command: str) -> Iterator[None]:
+    """Hold Airflow's home for one command: its SQLite database takes one `airflow dags test` or
+    `airflow standalone` at a time. The lock goes with the process, however it ends."""
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / "in-use.lock", "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another command"
+            raise PipelineError(
+                f"{home} is in use by {holder}; Airflow's SQLite database there takes one command at a time: "
+                "wait for it or stop it (while `make airflow` runs, trigger runs from its UI)"
+            ) from None
+        handle.truncate(0)
+        handle.write(f"`{command}` (pid {os.getpid()})")
+        handle.flush()
+        yield
+
+
 def run(config: PipelineConfig, conf: dict) -> int:
-    with LocalS3(buckets=(config.s3.bucket,)) as s3:
+    with exclusive_home(AIRFLOW_HOME, "make run"), LocalS3(buckets=(config.s3.bucket,)) as s3:
         env = prepare(AIRFLOW_HOME, s3)
         if not dags_test(env, conf):
             print(f"ERROR the {DAG_ID} run failed; see the task logs above", file=sys.stderr)
@@ -98,7 +122,7 @@ def run(config: PipelineConfig, conf: dict) -> int:
 
 
 def ui(config: PipelineConfig) -> int:
-    with LocalS3(buckets=(config.s3.bucket,)) as s3:
+    with exclusive_home(AIRFLOW_HOME, "make airflow"), LocalS3(buckets=(config.s3.bucket,)) as s3:
         env = prepare(AIRFLOW_HOME, s3)
         env.setdefault("AIRFLOW__API__HOST", "127.0.0.1")
         env.setdefault("AIRFLOW__API__PORT", "8080")
