@@ -1,15 +1,17 @@
 """Preprocessing throughput: the four Spark stages on ~20 MB of text against bare HF `tokenizers`.
 
-    .venv/bin/python benchmarks/preprocess.py [--mb 20] [--set section.key=value ...]
+    .venv/bin/python benchmarks/preprocess.py [--mb 20[,60]] [--set section.key=value ...]
 
 Builds a corpus of tinyshakespeare repeated to --mb megabytes (one file), runs tokenize, window,
 positional_embed and export through spark-submit on local[cores] (include/local_runner.run_stage),
 and prints tokens/s per stage and end to end. Each stage's time is split into the body (the
 stage's own work, duration_s of stats/{stage}.json) and start-up plus shut-down (JVM, imports,
-SparkContext, stopping Spark: the rest of spark-submit's wall time). Then it encodes the same text with the run's tokenizer.json through `Tokenizer.encode_batch`
-on the same number of cores (RAYON_NUM_THREADS) with encode_batch and encode_batch_fast, fed the
-same ~1 KB chunks the stage uses and, separately, line by line; the fastest is the baseline. Goal: end to end (bodies) >= 0.7x
-the baseline.
+SparkContext, stopping Spark: the rest of spark-submit's wall time). Then it encodes the same
+text with the run's tokenizer.json on the same number of cores (RAYON_NUM_THREADS) with
+encode_batch and encode_batch_fast, fed the same ~1 KB chunks the stage uses and, separately,
+line by line; the fastest is the baseline. Goal: end to end (bodies) >= 0.7x the baseline.
+With two sizes (--mb 20,60) it also prints what the extra text cost: the rate the pipeline tends
+to on large corpora.
 """
 
 from __future__ import annotations
@@ -66,22 +68,12 @@ def bare_tokenizer(tokenizer_json: str, text: str, cores: int, repeats: int) -> 
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=float, default=20, help="corpus size in MB (default 20)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--repeats", type=int, default=3, help="bare tokenizer runs (best is kept)")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch folder (corpus and run folder)")
-    parser.add_argument("--json", help="also write the figures to this file")
-    args = parser.parse_args(argv)
-    cores = os.cpu_count() or 2  # the local runner's local[N]; the tokenizer gets as many threads
-    load_before = os.getloadavg()[0]  # other work on the machine skews every figure
-
+def measure(megabytes: float, overrides: list[str], cores: int, repeats: int, keep: bool) -> dict:
+    """Run the four stages on a corpus of `megabytes` and the bare tokenizer on the same text."""
     scratch = Path(tempfile.mkdtemp(prefix="gpt-pipeline-bench-"))
     try:
-        corpus = build_corpus(scratch, args.mb)
-        corpus_mb = corpus.stat().st_size / 1e6
-        config = load_config(overrides=[{"corpus": str(corpus), "lake": str(scratch / "lake")}] + args.overrides)
+        corpus = build_corpus(scratch, megabytes)
+        config = load_config(overrides=[{"corpus": str(corpus), "lake": str(scratch / "lake")}] + overrides)
         run = lake.create_run(config, "bench")
         code = scratch / "code"
         package_code(code)
@@ -91,44 +83,88 @@ def main(argv: list[str] | None = None) -> int:
             run_stage(stage, config, run, code)
             wall = time.perf_counter() - started
             stats = lake.read_json(lake.stats_uri(run, stage))
-            stages[stage] = {"wall_s": wall, "body_s": stats["duration_s"], "overhead_s": wall - stats["duration_s"]}
-            stages[stage]["timings"] = stats.get("timings", {})
-            if stage == "tokenize":
-                tokenize_stats = stats
-        tokens = sum(split["tokens"] for split in tokenize_stats["splits"].values())
-        text = corpus.read_text(encoding="utf-8")
-        bare = bare_tokenizer(lake.read_text(lake.join(run, "tokenizer", "tokenizer.json")), text, cores, args.repeats)
+            stages[stage] = {"wall_s": wall, "body_s": stats["duration_s"], "overhead_s": wall - stats["duration_s"],
+                             "timings": stats.get("timings", {})}  # fmt: skip
+        tokenize = lake.read_json(lake.stats_uri(run, "tokenize"))
+        tokens = sum(split["tokens"] for split in tokenize["splits"].values())
+        tokenizer_json = lake.read_text(lake.join(run, "tokenizer", "tokenizer.json"))
+        bare = bare_tokenizer(tokenizer_json, corpus.read_text(encoding="utf-8"), cores, repeats)
+        return {"corpus": corpus.name, "mb": corpus.stat().st_size / 1e6, "tokens": tokens, "stages": stages, "bare": bare}
     finally:
-        if not args.keep:
+        if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
 
+
+def baseline(result: dict) -> tuple[str, dict]:
+    """The fastest bare-tokenizer way."""
+    return max(result["bare"].items(), key=lambda item: item[1]["tokens_per_s"])
+
+
+def report(result: dict, cores: int) -> float:
+    """Print one corpus size's figures; returns the end-to-end ratio to the bare tokenizer."""
+    tokens, stages = result["tokens"], result["stages"]
     body = sum(stage["body_s"] for stage in stages.values())
     wall = sum(stage["wall_s"] for stage in stages.values())
-    baseline_name, baseline = max(bare.items(), key=lambda item: item[1]["tokens_per_s"])
-    end_to_end = tokens / body
-    print(f"corpus: {corpus.name}, {corpus_mb:.1f} MB, {tokens:,} tokens; local[{cores}]")
+    baseline_name, best = baseline(result)
+    print(f"corpus: {result['corpus']}, {result['mb']:.1f} MB, {tokens:,} tokens; local[{cores}]")
     print(f"{'stage':<18}{'start/stop s':>12}{'body s':>10}{'tokens/s (body)':>18}")
     for name, stage in stages.items():
         print(f"{name:<18}{stage['overhead_s']:>12.2f}{stage['body_s']:>10.2f}{tokens / stage['body_s']:>18,.0f}")
-        if "timings" in stage:
-            print(" " * 20 + ", ".join(f"{key} {value:.2f}" for key, value in stage["timings"].items()))
-    print(f"{'end to end':<18}{wall - body:>12.2f}{body:>10.2f}{end_to_end:>18,.0f}")
+        print(" " * 20 + ", ".join(f"{key} {value:.2f}" for key, value in stage["timings"].items()))
+    print(f"{'end to end':<18}{wall - body:>12.2f}{body:>10.2f}{tokens / body:>18,.0f}")
     print(f"end to end with start-up and shut-down: {tokens / wall:,.0f} tokens/s ({wall:.1f} s)")
-    for name, result in bare.items():
-        print(f"bare {name}: {result['tokens_per_s']:,.0f} tokens/s ({result['seconds']:.2f} s)")
-    ratio = end_to_end / baseline["tokens_per_s"]
+    for name, bare in result["bare"].items():
+        print(f"bare {name}: {bare['tokens_per_s']:,.0f} tokens/s ({bare['seconds']:.2f} s)")
+    ratio = tokens / body / best["tokens_per_s"]
     print(f"ratio end to end / bare ({baseline_name}): {ratio:.2f} (goal >= 0.7: {'met' if ratio >= 0.7 else 'not met'})")
-    encode_s = stages["tokenize"]["timings"].get("encode_s")
-    if encode_s:
-        print(
-            f"tokenize's encoding job alone (read, encode, write Parquet): {tokens / encode_s:,.0f} tokens/s, "
-            f"{tokens / encode_s / baseline['tokens_per_s']:.2f}x bare"
-        )
+    encode_s = stages["tokenize"]["timings"]["encode_s"]
+    print(
+        f"tokenize's encoding job alone (read, encode, write Parquet): {tokens / encode_s:,.0f} tokens/s, "
+        f"{tokens / encode_s / best['tokens_per_s']:.2f}x bare"
+    )
+    return ratio
+
+
+def report_marginal(small: dict, large: dict) -> None:
+    """What the extra text of the larger corpus cost, stage by stage: the rate the pipeline tends to
+    on large corpora, where the fixed costs (start-up of Python workers and Spark SQL, Word2Vec on
+    its capped sample) no longer count."""
+    extra = large["tokens"] - small["tokens"]
+    cost = {name: large["stages"][name]["body_s"] - small["stages"][name]["body_s"] for name in STAGES}
+    bpe = large["stages"]["tokenize"]["timings"]["train_bpe_s"] - small["stages"]["tokenize"]["timings"]["train_bpe_s"]
+    _, best = baseline(large)
+    print(f"\nthe extra {large['mb'] - small['mb']:.0f} MB ({extra:,} tokens) cost: "
+          + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in cost.items())
+          + f" (of which BPE training {bpe:.2f} s: its sample grows up to tokenizer.train_sample_mb)")  # fmt: skip
+    total = sum(cost.values())
+    for label, seconds in (("all", total), ("without BPE training", total - bpe)):
+        rate = extra / seconds
+        print(f"marginal end to end, {label}: {rate:,.0f} tokens/s, {rate / best['tokens_per_s']:.2f}x bare")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--mb", default="20", help="corpus size in MB (default 20); several, comma-separated, also print the marginal rate"
+    )
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--repeats", type=int, default=3, help="bare tokenizer runs (best is kept)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folders (corpus and run folder)")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    sizes = sorted(float(size) for size in args.mb.split(","))
+    cores = os.cpu_count() or 2  # the local runner's local[N]; the tokenizer gets as many threads
+    load_before = os.getloadavg()[0]  # other work on the machine skews every figure
+    results = [measure(size, args.overrides, cores, args.repeats, args.keep) for size in sizes]
+    for index, result in enumerate(results):
+        if index:
+            print()
+        result["ratio"] = report(result, cores)
+    if len(results) > 1:
+        report_marginal(results[0], results[-1])
     print(f"load average (1 min) before the run {load_before:.1f}, after {os.getloadavg()[0]:.1f}, on {cores} cores")
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"tokens": tokens, "stages": stages, "bare": bare, "ratio": ratio}, indent=2) + "\n"
-        )
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 
