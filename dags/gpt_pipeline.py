@@ -40,6 +40,7 @@ from include.collect import AWS_CONN_ID, collect_record
 from include.spark_submit import STAGES, package_code
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import ConfigError, PipelineConfig, defaults_path, load_config, read_yaml
+from spark_jobs.lib.errors import name_some
 from spark_jobs.lib.stage import load_run_config
 
 log = logging.getLogger(__name__)
@@ -71,11 +72,15 @@ def form_config() -> tuple[PipelineConfig, str]:
     return config, f"{config.run_name}-{context['run_id']}"
 
 
+def log_corpus(files: list[str]) -> None:
+    log.info("corpus: %d file(s): %s", len(files), name_some(files, shown=5))
+
+
 @task(retries=0)
 def validate_config() -> str:
     """Build this run's config from pipeline.yaml and the trigger form, check it, create the run folder."""
     config, run_id = form_config()
-    log.info("corpus files: %s", lake.corpus_files(config))
+    log_corpus(lake.corpus_files(config))
     run_dir = lake.create_run(config, run_id)
     log.info("run folder: %s", run_dir)
     return run_dir
@@ -88,7 +93,7 @@ def validate_config_for_emr() -> dict:
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     config, run_id = form_config()
-    log.info("corpus files: %s", emr.corpus_keys(config, S3Hook(aws_conn_id=config.emr.aws_conn_id)))
+    log_corpus(emr.corpus_keys(config, S3Hook(aws_conn_id=config.emr.aws_conn_id)))
     return emr_tasks.prepare(config, run_id, CONFIG)
 
 

@@ -17,7 +17,7 @@ from spark_jobs.lib.config import ConfigError
 # Param name -> (config field, description)
 FIELDS: dict[str, tuple[str, str]] = {
     "corpus": ("corpus", "Corpus: a path, a glob (last path component) or a URI of UTF-8 text files"),
-    "run_name": ("run_name", "Names the run folder: runs/{run_name}-{Airflow run id}"),
+    "run_name": ("run_name", "Names the run folder: runs/{run_name}-{Airflow run id}; empty: the corpus's name"),
     "vocab_size": ("tokenizer.vocab_size", "Byte-level BPE vocabulary size"),
     "block_size": ("data.block_size", "T: tokens the model sees at once"),
     "stride": ("data.stride", "Step between window starts"),
@@ -48,7 +48,7 @@ def params(defaults: dict) -> dict[str, Param]:
     form = {}
     for name, (field, description) in FIELDS.items():
         default = field_value(defaults, field)
-        kind = _JSON_TYPES[type(default)]
+        kind = ["null", "string"] if default is None else _JSON_TYPES[type(default)]
         if name == "corpus":
             kind = ["string", "array"]
         elif kind == "number":

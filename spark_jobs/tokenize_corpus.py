@@ -4,8 +4,9 @@
 2. Executors read the pieces, check that they are UTF-8 text without NUL bytes, and count their
    characters. A bad file stops the stage (data.bad_files=fail) or is left out with a warning
    (skip); empty files are left out.
-3. The driver trains a byte-level BPE on the training parts (the first 1 - data.val_fraction of
-   each file's characters), at most tokenizer.train_sample_mb MB of them, and writes tokenizer.json.
+3. The driver splits the files into training and validation text (data.val_split: whole files or
+   the tail of each), trains a byte-level BPE on the training text, at most
+   tokenizer.train_sample_mb MB of it, and writes tokenizer.json.
 4. Executors encode the pieces with the tokenizer broadcast to them and write tokens/ with pyarrow,
    one part file per piece and one row per piece and split: doc_id (the file's index in the sorted
    corpus list), path (its URI), split ("train"/"val"), piece (order within the file), chars,
@@ -105,9 +106,8 @@ def body(spark, config, run: str) -> dict:
     files = [(uri, corpus.file_size(uri)) for uri in lake.corpus_files(config)]
     pieces = corpus.plan_pieces(files, sc.defaultParallelism)
     scans = sc.parallelize(pieces, len(pieces)).map(corpus.scan_piece).collect()
-    documents, skipped, warnings = corpus.assess(
-        files, scans, val_fraction=config.data.val_fraction, bad_files=config.data.bad_files
-    )
+    documents, skipped, warnings = corpus.assess(files, scans, bad_files=config.data.bad_files)
+    documents, val_split = corpus.split_validation(documents, config.data.val_fraction, config.data.val_split)
     for message in warnings:
         warn(message)
     timings["scan_s"] = time.perf_counter() - started
@@ -148,6 +148,7 @@ def body(spark, config, run: str) -> dict:
     }
     return {
         "splits": splits,
+        "val_split": val_split,
         "files": len(files),
         "skipped": skipped,
         "pieces": len(pieces),

@@ -63,6 +63,20 @@ def test_overrides_parse_yaml_values_and_globs_stay_strings():
         parse_override("train.max_steps")
 
 
+@pytest.mark.parametrize(
+    "corpus, name",
+    [
+        ("../shared/data/tinyshakespeare.txt", "tinyshakespeare"),
+        ("/data/books/*.txt", "books"),
+        (["s3://bucket/corpora/wiki/part-*.txt", "/data/more.txt"], "wiki"),
+        ("/data/Été 2020.md", "Ete-2020"),
+    ],
+)
+def test_run_name_defaults_to_the_corpus_name(corpus, name):
+    assert load_config(overrides=[{"corpus": corpus}]).run_name == name
+    assert load_config(overrides=[{"corpus": corpus, "run_name": "mine"}]).run_name == "mine"
+
+
 def test_config_file_errors(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")

@@ -300,6 +300,7 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
     bucket, prefix = config.s3.bucket, f"{config.s3.prefix}/{Path(report['run_folder']).name}/"
     assert report["s3_uri"] == f"s3://{bucket}/{prefix}"
     assert report["run_folder"].startswith(lake_dir.as_uri()), "the run folder is not in the lake set in the form"
+    assert Path(report["run_folder"]).name.startswith(f"{shakespeare_slice.stem}-"), "run_name left empty: the corpus names the run"
     s3 = boto3.client(
         "s3",
         endpoint_url=airflow_ui.s3_endpoint,

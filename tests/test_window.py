@@ -104,6 +104,46 @@ def test_split_boundary_is_the_last_fraction_of_characters():
     assert corpus.split_boundary(10, 0.25) == 7
 
 
+def documents(*chars: int) -> list[corpus.Document]:
+    return [corpus.Document(i, f"file:///c/part{i:03d}.txt", n, n, n) for i, n in enumerate(chars)]
+
+
+def test_one_file_is_split_at_its_tail():
+    for val_split in ("auto", "tail"):
+        (doc,), used = corpus.split_validation(documents(1000), 0.1, val_split)
+        assert used == "tail" and doc.boundary == 900
+    with pytest.raises(PipelineError, match=r"data.val_split=files: whole files cannot make up data.val_fraction=0.1 of the corpus \(its smallest file holds 100.0% "):
+        corpus.split_validation(documents(1000), 0.1, "files")
+
+
+def test_many_small_files_go_to_validation_whole():
+    docs = documents(*[100 + i for i in range(100)])
+    split, used = corpus.split_validation(docs, 0.1, "auto")
+    assert used == "files"
+    val = [doc for doc in split if doc.boundary == 0]
+    assert {doc.boundary for doc in split if doc.boundary} == {doc.chars for doc in split if doc.boundary}
+    total = sum(doc.chars for doc in docs)
+    assert 0.1 * total - 200 <= sum(doc.chars for doc in val) <= 0.1 * total  # short by less than one file
+    # Chosen by a hash of the names: spread over the corpus, the same whatever order they come in.
+    ids = sorted(doc.doc_id for doc in val)
+    assert ids != list(range(len(ids))) and ids != list(range(100 - len(ids), 100))
+    again, _ = corpus.split_validation(list(reversed(docs)), 0.1, "auto")
+    assert sorted(doc.doc_id for doc in again if doc.boundary == 0) == ids
+    # Asked for tails, every file gets one.
+    split, used = corpus.split_validation(docs, 0.1, "tail")
+    assert used == "tail" and all(0 < doc.boundary < doc.chars for doc in split)
+
+
+def test_a_few_large_files_keep_tails_unless_whole_files_are_asked_for():
+    docs = documents(600, 352, 48)  # whole files: 48 of the 100 wanted characters, under half
+    split, used = corpus.split_validation(docs, 0.1, "auto")
+    assert used == "tail" and [doc.boundary for doc in split] == [540, 316, 43]
+    with pytest.raises(PipelineError, match=r"its smallest file holds 4.8% of the characters"):
+        corpus.split_validation(docs, 0.1, "files")
+    split, used = corpus.split_validation(documents(600, 350, 50), 0.1, "auto")  # 50: half is enough
+    assert used == "files" and [doc.boundary for doc in split] == [600, 350, 0]
+
+
 def test_a_piece_holding_the_boundary_is_split_at_the_right_character():
     pieces = [corpus.Piece(0, "f", 0, 0, 40), corpus.Piece(0, "f", 1, 40, 100), corpus.Piece(0, "f", 2, 100, 130)]
     scans = [corpus.Scan(0, 0, 40, None), corpus.Scan(0, 1, 50, None), corpus.Scan(0, 2, 30, None)]
@@ -126,6 +166,16 @@ def test_no_window_in_a_split_names_the_file():
     )
     warnings = check_windows(counts, 8, {0: "/data/a.txt", 1: "/data/b.txt"})
     assert len(warnings) == 2 and all("/data/b.txt" in warning for warning in warnings)
+
+
+def test_many_short_parts_make_one_warning_per_split():
+    short = [Piece(i, "val", 0, i, ()) for i in range(1, 6)]
+    _, counts = plan_windows([Piece(0, "train", 0, 100, ()), Piece(0, "val", 0, 65, ()), *short], block_size=8, stride=4)
+    (warning,) = check_windows(counts, 8, {i: f"/data/{i}.txt" for i in range(6)})
+    assert warning == (
+        "5 corpus files have a validation part of fewer tokens than one window (9): /data/1.txt (1), "
+        "/data/2.txt (2), /data/3.txt (3) and 2 more; their 15 tokens (18.8% of the val split) give no val window"
+    )
 
 
 def test_pieces_are_cut_after_newlines_and_cover_the_file(tmp_path, monkeypatch):
@@ -166,13 +216,13 @@ def test_assess_fails_or_skips_bad_files():
     files = [("file:///c/bad.bin", 10), ("file:///c/good.txt", 10), ("file:///c/empty.txt", 0)]
     scans = [corpus.Scan(0, 0, 0, "is not UTF-8 text (byte 0xff at offset 3)"), corpus.Scan(1, 0, 10, None), corpus.Scan(2, 0, 0, None)]
     with pytest.raises(PipelineError, match=r"corpus file file:///c/bad.bin is not UTF-8 text \(byte 0xff at offset 3\); set data.bad_files=skip"):
-        corpus.assess(files, scans, val_fraction=0.1, bad_files="fail")
-    documents, skipped, warnings = corpus.assess(files, scans, val_fraction=0.1, bad_files="skip")
+        corpus.assess(files, scans, bad_files="fail")
+    documents, skipped, warnings = corpus.assess(files, scans, bad_files="skip")
     assert [doc.path for doc in documents] == ["file:///c/good.txt"]
     assert [item["path"] for item in skipped] == ["file:///c/bad.bin", "file:///c/empty.txt"]
     assert "skipping corpus file file:///c/bad.bin" in warnings[0]
     with pytest.raises(PipelineError, match="corpus file file:///c/empty.txt is empty"):
-        corpus.assess(files[2:], [corpus.Scan(0, 0, 0, None)], val_fraction=0.1, bad_files="fail")
+        corpus.assess(files[2:], [corpus.Scan(0, 0, 0, None)], bad_files="fail")
 
 
 @pytest.mark.parametrize("size", [1, 7, 64])

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
+import re
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,6 +42,18 @@ def to_uri(path_or_uri: str) -> str:
     return "file://" + (path if path.is_absolute() else REPO_ROOT / path).resolve().as_posix()
 
 
+def corpus_name(corpus: str) -> str:
+    """A run name from a corpus path, glob or URI: the file name without its extension, or the
+    folder's name for a glob ("data/books/*.txt" -> "books")."""
+    path = corpus.split("://", 1)[-1].rstrip("/")
+    name = posixpath.basename(path)
+    if any(char in name for char in "*?["):
+        name = posixpath.basename(posixpath.dirname(path))
+    name = unicodedata.normalize("NFKD", posixpath.splitext(name)[0]).encode("ascii", "ignore").decode()
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).lstrip("_.-")
+    return name[:40] or "corpus"
+
+
 class ConfigError(PipelineError, ValueError):
     """A configuration value is missing, unknown, of the wrong type or impossible."""
 
@@ -62,6 +77,7 @@ class DataConfig(_Section):
     block_size: int = Field(ge=2, description="T, tokens per model input")
     stride: int = Field(ge=1)
     val_fraction: float = Field(gt=0, lt=1)
+    val_split: Literal["auto", "files", "tail"]
     shards: int = Field(ge=1)
     bad_files: Literal["fail", "skip"]
 
@@ -146,6 +162,14 @@ class PipelineConfig(_Section):
     train: TrainConfig
     generate: GenerateConfig
     emr: EmrConfig
+
+    @model_validator(mode="before")
+    @classmethod
+    def _run_name_from_corpus(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("run_name") and data.get("corpus"):
+            corpus = data["corpus"]
+            data = {**data, "run_name": corpus_name(corpus if isinstance(corpus, str) else corpus[0])}
+        return data
 
     @field_validator("corpus", mode="before")
     @classmethod

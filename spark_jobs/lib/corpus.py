@@ -3,20 +3,26 @@ train/validation boundary and the driver's tokenizer-training sample.
 
 Each file is cut into pieces of about `piece_bytes` bytes, each cut placed just after a newline
 (or, in a file without newlines nearby, at a UTF-8 character boundary), so every piece decodes on
-its own and executors read and encode pieces in parallel. The validation part of a file is its
-last `val_fraction` of characters: the boundary is character int(n_chars * (1 - val_fraction)),
-nanoGPT's shakespeare split.
+its own and executors read and encode pieces in parallel.
+
+The train/validation split (data.val_split) takes about `val_fraction` of the characters either
+as whole files (`files`: a corpus of many small documents, where a tail of each would be shorter
+than a window and lost) or as the last `val_fraction` of every file (`tail`: the boundary is
+character int(n_chars * (1 - val_fraction)), nanoGPT's shakespeare split). `auto` takes whole
+files when they can make up at least half the wanted share, else tails.
 """
 
 from __future__ import annotations
 
 import codecs
-from dataclasses import dataclass
+import hashlib
+import posixpath
+from dataclasses import dataclass, replace
 
 from pyarrow import fs as pafs
 
 from spark_jobs.lib import lake
-from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.errors import PipelineError, name_some
 
 MIN_PIECE_BYTES = 16 * 1024
 MAX_PIECE_BYTES = 8 * 1024 * 1024
@@ -50,7 +56,7 @@ class Document:
     path: str
     size: int  # bytes
     chars: int
-    boundary: int  # first validation character
+    boundary: int  # first validation character: 0 for a validation file, chars for a training file
 
 
 def file_size(uri: str) -> int:
@@ -127,11 +133,45 @@ def split_boundary(n_chars: int, val_fraction: float) -> int:
     return int(n_chars * (1 - val_fraction))
 
 
+def validation_files(documents: list[Document], val_fraction: float) -> set[int]:
+    """doc_ids of whole files for validation: in an order fixed by a hash of each file's name (so
+    neither the first nor the last files in name order), every file that still fits within
+    val_fraction of the corpus's characters."""
+    wanted = val_fraction * sum(doc.chars for doc in documents)
+    order = sorted(documents, key=lambda doc: (hashlib.sha256(posixpath.basename(doc.path).encode()).digest(), doc.path))
+    chosen, chars = set(), 0
+    for doc in order:
+        if chars + doc.chars <= wanted:
+            chosen.add(doc.doc_id)
+            chars += doc.chars
+    return chosen
+
+
+def split_validation(documents: list[Document], val_fraction: float, val_split: str) -> tuple[list[Document], str]:
+    """The documents with their validation boundary placed, and the split used ("files" or "tail");
+    see the module docstring."""
+    if val_split != "tail":
+        chosen = validation_files(documents, val_fraction)
+        total = sum(doc.chars for doc in documents)
+        val_chars = sum(doc.chars for doc in documents if doc.doc_id in chosen)
+        if val_chars >= val_fraction * total / 2:
+            return [replace(doc, boundary=0 if doc.doc_id in chosen else doc.chars) for doc in documents], "files"
+        if val_split == "files":
+            smallest = min(doc.chars for doc in documents) / total
+            raise PipelineError(
+                f"data.val_split=files: whole files cannot make up data.val_fraction={val_fraction} of the corpus "
+                f"(its smallest file holds {smallest:.1%} of the characters); use more, smaller files, a larger "
+                "data.val_fraction or data.val_split=tail"
+            )
+    return [replace(doc, boundary=split_boundary(doc.chars, val_fraction)) for doc in documents], "tail"
+
+
 def assess(
-    files: list[tuple[str, int]], scans: list[Scan], *, val_fraction: float, bad_files: str
+    files: list[tuple[str, int]], scans: list[Scan], *, bad_files: str
 ) -> tuple[list[Document], list[dict], list[str]]:
-    """The usable documents, the skipped files ({path, reason}) and warnings. Raises PipelineError
-    for a bad file when bad_files is 'fail', and for a corpus with no text left."""
+    """The usable documents (all training text until split_validation places their boundary), the
+    skipped files ({path, reason}) and warnings. Raises PipelineError for a bad file when bad_files
+    is 'fail', and for a corpus with no text left."""
     chars = [0] * len(files)
     problems: dict[int, str] = {}
     for scan in sorted(scans, key=lambda scan: (scan.doc_id, scan.index)):
@@ -151,9 +191,9 @@ def assess(
             skipped.append({"path": uri, "reason": "empty"})
             warnings.append(f"skipping corpus file {uri}: it is empty")
         else:
-            documents.append(Document(doc_id, uri, size, chars[doc_id], split_boundary(chars[doc_id], val_fraction)))
+            documents.append(Document(doc_id, uri, size, chars[doc_id], boundary=chars[doc_id]))
     if not documents:
-        names = ", ".join(uri for uri, _ in files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+        names = name_some([uri for uri, _ in files], shown=5)
         if all(item["reason"] == "empty" for item in skipped):
             raise PipelineError(
                 f"corpus file {names} is empty" if len(files) == 1 else f"the corpus is empty: {names} hold no text"
@@ -171,7 +211,7 @@ def training_sample(documents: list[Document], cap_bytes: int) -> list[str]:
     for doc, size in zip(documents, train_bytes):
         # Under the cap: the whole file, cut at the boundary below. Over it: a proportional prefix.
         length = doc.size if total <= cap_bytes else cap_bytes * size // total
-        if length <= 0:
+        if length <= 0 or doc.boundary == 0:
             continue
         text = codecs.getincrementaldecoder("utf-8")().decode(read_range(doc.path, 0, length), final=False)
         texts.append(text[: doc.boundary])

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.errors import PipelineError, name_some
 
 SPLITS = ("train", "val")
 
@@ -108,11 +108,13 @@ def plan_windows(pieces: list[Piece], block_size: int, stride: int) -> tuple[dic
     return plans, {"splits": totals, "sequences": sequences}
 
 
+PART_NAMES = {"train": "training part", "val": "validation part"}
+
+
 def check_windows(counts: dict, block_size: int, paths: dict[int, str]) -> list[str]:
     """Stop with a message naming the file(s) when a split has no window at all; return warnings
     for files whose part of a split is too short to give one."""
     needed = block_size + 1
-    split_names = {"train": "training part", "val": "validation part"}
     for split in SPLITS:
         if counts["splits"].get(split, {}).get("windows", 0) == 0:
             parts = [seq for seq in counts["sequences"] if seq["split"] == split]
@@ -122,16 +124,33 @@ def check_windows(counts: dict, block_size: int, paths: dict[int, str]) -> list[
             elif len(paths) == 1:
                 where = f"corpus file {paths[longest['doc_id']]}"
             else:
-                where = f"corpus ({len(paths)} files; longest {split_names[split]}: {paths[longest['doc_id']]})"
+                where = f"corpus ({len(paths)} files; longest {PART_NAMES[split]}: {paths[longest['doc_id']]})"
             have = longest["tokens"] if longest else 0
             raise PipelineError(
-                f"{where} is shorter than one window: its {split_names[split]} has {have} tokens and a window needs "
+                f"{where} is shorter than one window: its {PART_NAMES[split]} has {have} tokens and a window needs "
                 f"data.block_size + 1 = {needed}; use more text, a smaller data.block_size"
                 + (" or a larger data.val_fraction" if split == "val" else "")
             )
     return [
-        f"corpus file {paths[seq['doc_id']]}: its {split_names[seq['split']]} has {seq['tokens']} tokens, "
-        f"fewer than one window ({needed}); it contributes no {seq['split']} window"
-        for seq in counts["sequences"]
-        if seq["windows"] == 0
+        short_parts_warning(split, short, counts["splits"][split]["tokens"], needed, paths)
+        for split in SPLITS
+        if (short := [seq for seq in counts["sequences"] if seq["split"] == split and seq["windows"] == 0])
     ]
+
+
+def short_parts_warning(split: str, short: list[dict], split_tokens: int, needed: int, paths: dict[int, str]) -> str:
+    """One warning for a split's file parts too short to give a window (a corpus of many small files
+    would otherwise print one line per file)."""
+    part = PART_NAMES[split]
+    if len(short) == 1:
+        seq = short[0]
+        return (
+            f"corpus file {paths[seq['doc_id']]}: its {part} has {seq['tokens']} tokens, fewer than one window "
+            f"({needed}); it contributes no {split} window"
+        )
+    listed = name_some([f"{paths[seq['doc_id']]} ({seq['tokens']})" for seq in short])
+    lost = sum(seq["tokens"] for seq in short)
+    return (
+        f"{len(short)} corpus files have a {part} of fewer tokens than one window ({needed}): {listed}; "
+        f"their {lost} tokens ({lost / split_tokens:.1%} of the {split} split) give no {split} window"
+    )

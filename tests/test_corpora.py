@@ -1,6 +1,7 @@
-"""Bad corpora: every case stops the tokenize application with exit code 2 and one line naming the
-file (or is skipped with a warning under data.bad_files=skip). The stage runs in this process on a
-local Spark session; tests/test_preprocess_e2e.py checks the same through spark-submit."""
+"""The tokenize stage on corpora as people bring them. Bad ones: every case stops the application
+with exit code 2 and one line naming the file (or is skipped with a warning under
+data.bad_files=skip). Many small files: validation takes whole files. The stage runs in this
+process on a local Spark session; tests/test_preprocess_e2e.py runs it through spark-submit."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import os
 import sys
 
+import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs import tokenize_corpus, window
@@ -119,3 +121,26 @@ def test_a_later_stage_without_its_input_says_what_to_run(spark, tmp_path, capsy
         run_stage("window", window.body, ["--run-dir", run])
     assert stop.value.code == 2
     assert "stage 'tokenize' has not completed" in error_line(capsys)
+
+
+def test_many_small_files_give_whole_files_to_validation(spark, tmp_path, capsys, shakespeare):
+    lines = shakespeare.read_text(encoding="utf-8").splitlines(keepends=True)[:4000]
+    folder = tmp_path / "many"
+    folder.mkdir()
+    texts = {f"scene{i:02d}.txt": "".join(lines[i * 100 : (i + 1) * 100]) for i in range(40)}
+    for name, text in texts.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    run, code = run_tokenize(small_config(tmp_path, folder / "*.txt"))
+    assert code == 0
+    stats = lake.read_json(lake.stats_uri(run, "tokenize"))
+    assert stats["val_split"] == "files"
+    val, train = stats["splits"]["val"], stats["splits"]["train"]
+    assert val["documents"] + train["documents"] == 40 and 2 <= val["documents"] <= 4
+    assert 0.05 <= val["chars"] / (val["chars"] + train["chars"]) <= 0.1
+    rows = pq.read_table(lake.local_path(lake.join(run, "tokens"))).to_pylist()
+    splits_of = {}
+    for row in rows:
+        splits_of.setdefault(row["path"], set()).add(row["split"])
+    assert all(len(splits) == 1 for splits in splits_of.values()), "a file was cut between train and val"
+    # Each scene is longer than one window, so no part is lost and nothing is warned about.
+    assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("WARNING")]
