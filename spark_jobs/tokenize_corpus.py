@@ -8,9 +8,10 @@
    the tail of each), trains a byte-level BPE on the training text, at most
    tokenizer.train_sample_mb MB of it, and writes tokenizer.json.
 4. Executors encode the pieces with the tokenizer broadcast to them and write tokens/ with pyarrow,
-   one part file per piece and one row per piece and split: doc_id (the file's index in the sorted
-   corpus list), path (its URI), split ("train"/"val"), piece (order within the file), chars,
-   n_tokens and ids (array<int>). A file's train (val) tokens are its train (val) rows' ids
+   one part file per task (consecutive pieces of about the same total size: a large file's pieces
+   get one each, small files share one), one row per piece and split: doc_id (the file's index in
+   the sorted corpus list), path (its URI), split ("train"/"val"), piece (order within the file),
+   chars, n_tokens and ids (array<int>). A file's train (val) tokens are its train (val) rows' ids
    concatenated in piece order.
 
 Not named tokenize.py: spark-submit puts this folder first on sys.path, which would shadow the
@@ -66,8 +67,8 @@ def tokens_schema():
     )
 
 
-def encode_task(tasks: list[tuple], tokenizer_json, tokens_uri: str):
-    """Executor function: encode task i's piece and write tokens/part-i.parquet; returns the
+def encode_task(groups: list[list[tuple]], tokenizer_json, tokens_uri: str):
+    """Executor function: encode task i's pieces and write tokens/part-i.parquet; returns the
     rows' counts."""
 
     def encode(task: int) -> list[dict]:
@@ -77,16 +78,15 @@ def encode_task(tasks: list[tuple], tokenizer_json, tokens_uri: str):
 
         # One tokenizer thread per task: Spark already runs one task per core.
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        piece, val_start = tasks[task]
         tokenizer = bpe.from_json(tokenizer_json.value)
-        text = corpus.read_range(piece.path, piece.start, piece.end - piece.start).decode("utf-8")
-        sections = [(split, part) for split, part in (("train", text[:val_start]), ("val", text[val_start:])) if part]
-        ids = [bpe.encode(tokenizer, part) for _, part in sections]
-        rows = [
-            {"doc_id": piece.doc_id, "path": piece.path, "split": split, "piece": piece.index, "chars": len(part),
-             "n_tokens": len(item)}
-            for (split, part), item in zip(sections, ids)
-        ]
+        rows, ids = [], []
+        for piece, val_start in groups[task]:
+            text = corpus.read_range(piece.path, piece.start, piece.end - piece.start).decode("utf-8")
+            for split, part in (("train", text[:val_start]), ("val", text[val_start:])):
+                if part:
+                    ids.append(bpe.encode(tokenizer, part))
+                    rows.append({"doc_id": piece.doc_id, "path": piece.path, "split": split, "piece": piece.index,
+                                 "chars": len(part), "n_tokens": len(ids[-1])})
         schema = tokens_schema()
         offsets = np.cumsum([0] + [len(item) for item in ids], dtype=np.int32)
         table = pa.Table.from_pylist(rows, schema=schema.remove(schema.get_field_index("ids"))).append_column(
@@ -105,7 +105,9 @@ def body(spark, config, run: str) -> dict:
     started = time.perf_counter()
     files = [(uri, corpus.file_size(uri)) for uri in lake.corpus_files(config)]
     pieces = corpus.plan_pieces(files, sc.defaultParallelism)
-    scans = sc.parallelize(pieces, len(pieces)).map(corpus.scan_piece).collect()
+    task_bytes = corpus.piece_bytes(sum(size for _, size in files), sc.defaultParallelism)
+    groups = corpus.pack(pieces, corpus.piece_size, task_bytes)
+    scans = sc.parallelize(groups, len(groups)).flatMap(corpus.scan_pieces).collect()
     documents, skipped, warnings = corpus.assess(files, scans, bad_files=config.data.bad_files)
     documents, val_split = corpus.split_validation(documents, config.data.val_fraction, config.data.val_split)
     for message in warnings:
@@ -122,11 +124,11 @@ def body(spark, config, run: str) -> dict:
     timings["train_bpe_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    tasks = encode_tasks(pieces, scans, documents)
+    groups = corpus.pack(encode_tasks(pieces, scans, documents), lambda task: corpus.piece_size(task[0]), task_bytes)
     tokens_uri = lake.join(run, "tokens")
     lake.delete(tokens_uri)
-    encode = encode_task(tasks, sc.broadcast(tokenizer_json), tokens_uri)
-    rows = sc.parallelize(range(len(tasks)), len(tasks)).flatMap(encode).collect()
+    encode = encode_task(groups, sc.broadcast(tokenizer_json), tokens_uri)
+    rows = sc.parallelize(range(len(groups)), len(groups)).flatMap(encode).collect()
     timings["encode_s"] = time.perf_counter() - started
 
     # The window check, early: a split without a single window stops the run here, a file too
@@ -152,6 +154,7 @@ def body(spark, config, run: str) -> dict:
         "files": len(files),
         "skipped": skipped,
         "pieces": len(pieces),
+        "tasks": len(groups),
         "tokenizer": {
             "vocab_size": tokenizer.get_vocab_size(),
             "configured_vocab_size": config.tokenizer.vocab_size,

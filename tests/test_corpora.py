@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs import tokenize_corpus, window
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, parts
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.stage import run_stage
 from tests.conftest import new_run, small_config
@@ -142,5 +142,7 @@ def test_many_small_files_give_whole_files_to_validation(spark, tmp_path, capsys
     for row in rows:
         splits_of.setdefault(row["path"], set()).add(row["split"])
     assert all(len(splits) == 1 for splits in splits_of.values()), "a file was cut between train and val"
+    # Small files share Spark tasks and part files.
+    assert stats["tasks"] <= 6 and len(parts.parquet_files(lake.join(run, "tokens"))) == stats["tasks"]
     # Each scene is longer than one window, so no part is lost and nothing is warned about.
     assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("WARNING")]

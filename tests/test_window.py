@@ -104,6 +104,11 @@ def test_split_boundary_is_the_last_fraction_of_characters():
     assert corpus.split_boundary(10, 0.25) == 7
 
 
+def test_pack_groups_consecutive_items_up_to_the_target():
+    assert corpus.pack([5, 5, 5, 12, 1, 1, 9], lambda n: n, 10) == [[5, 5], [5], [12], [1, 1], [9]]
+    assert corpus.pack([], lambda n: n, 10) == []
+
+
 def documents(*chars: int) -> list[corpus.Document]:
     return [corpus.Document(i, f"file:///c/part{i:03d}.txt", n, n, n) for i, n in enumerate(chars)]
 

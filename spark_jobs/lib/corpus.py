@@ -111,6 +111,25 @@ def plan_pieces(files: list[tuple[str, int]], parallelism: int) -> list[Piece]:
     return pieces
 
 
+def pack(items: list, size_of, target: int) -> list[list]:
+    """Consecutive items in groups of about `target` bytes, one Spark task each: a small file's
+    pieces share a task (and a part file) with their neighbours, so thousands of small files do not
+    mean thousands of tasks in every stage."""
+    groups: list[list] = []
+    size = 0
+    for item in items:
+        if not groups or (groups[-1] and size + size_of(item) > target):
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += size_of(item)
+    return groups
+
+
+def piece_size(piece: Piece) -> int:
+    return piece.end - piece.start
+
+
 def check_text(data: bytes, offset: int = 0) -> tuple[int, str | None]:
     """(characters, problem) of a piece's bytes that start at byte `offset` of their file."""
     try:
@@ -126,6 +145,10 @@ def check_text(data: bytes, offset: int = 0) -> tuple[int, str | None]:
 def scan_piece(piece: Piece) -> Scan:
     chars, problem = check_text(read_range(piece.path, piece.start, piece.end - piece.start), piece.start)
     return Scan(piece.doc_id, piece.index, chars, problem)
+
+
+def scan_pieces(pieces: list[Piece]) -> list[Scan]:
+    return [scan_piece(piece) for piece in pieces]
 
 
 def split_boundary(n_chars: int, val_fraction: float) -> int:
