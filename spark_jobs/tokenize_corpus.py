@@ -138,7 +138,7 @@ def body(spark, config, run: str) -> dict:
         config.data.block_size,
         config.data.stride,
     )
-    for message in check_windows(counts, config.data.block_size, {doc.doc_id: doc.path for doc in documents}):
+    for message in check_windows(counts, config.data.block_size, config.data.stride, {doc.doc_id: doc.path for doc in documents}):
         warn(message)
     splits = {
         split: {

@@ -111,7 +111,7 @@ def body(spark, config, run: str) -> dict:
         stride,
     )
     paths = {row[0]: row[1] for row in rows}
-    for message in check_windows(counts, block_size, paths):
+    for message in check_windows(counts, block_size, stride, paths):
         print(f"WARNING [{STAGE}] {message}", file=sys.stderr, flush=True)
 
     timings = {"plan_s": time.perf_counter() - started}

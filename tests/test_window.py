@@ -163,24 +163,41 @@ def test_a_piece_holding_the_boundary_is_split_at_the_right_character():
 def test_no_window_in_a_split_names_the_file():
     _, counts = plan_windows([Piece(0, "train", 0, 100, ()), Piece(0, "val", 0, 3, ())], block_size=8, stride=4)
     with pytest.raises(PipelineError, match=r"corpus file /data/a.txt is shorter than one window: its validation part has 3 tokens.*block_size \+ 1 = 9"):
-        check_windows(counts, 8, {0: "/data/a.txt"})
+        check_windows(counts, 8, 4, {0: "/data/a.txt"})
     _, counts = plan_windows(
         [Piece(0, "train", 0, 100, ()), Piece(0, "val", 0, 20, ()), Piece(1, "train", 0, 5, ()), Piece(1, "val", 0, 1, ())],
         block_size=8,
         stride=4,
     )
-    warnings = check_windows(counts, 8, {0: "/data/a.txt", 1: "/data/b.txt"})
-    assert len(warnings) == 2 and all("/data/b.txt" in warning for warning in warnings)
+    warnings = check_windows(counts, 8, 4, {0: "/data/a.txt", 1: "/data/b.txt"})
+    assert len(warnings) == 3 and all("/data/b.txt" in warning for warning in warnings[:2])
+    # val: a.txt's 20 tokens give windows over 17 of them, b.txt's 1 token none: 17 of 21
+    assert warnings[2].startswith("the val windows cover 81% of the val split's tokens")
 
 
 def test_many_short_parts_make_one_warning_per_split():
     short = [Piece(i, "val", 0, i, ()) for i in range(1, 6)]
-    _, counts = plan_windows([Piece(0, "train", 0, 100, ()), Piece(0, "val", 0, 65, ()), *short], block_size=8, stride=4)
-    (warning,) = check_windows(counts, 8, {i: f"/data/{i}.txt" for i in range(6)})
+    _, counts = plan_windows([Piece(0, "train", 0, 100, ()), Piece(0, "val", 0, 401, ()), *short], block_size=8, stride=4)
+    (warning,) = check_windows(counts, 8, 4, {i: f"/data/{i}.txt" for i in range(6)})
     assert warning == (
         "5 corpus files have a validation part of fewer tokens than one window (9): /data/1.txt (1), "
-        "/data/2.txt (2), /data/3.txt (3) and 2 more; their 15 tokens (18.8% of the val split) give no val window"
+        "/data/2.txt (2), /data/3.txt (3) and 2 more; their 15 tokens (3.6% of the val split) give no val window"
     )
+
+
+def test_windows_leaving_much_of_a_split_unused_are_warned_about():
+    pieces = [Piece(0, "train", 0, 1000, ()), Piece(0, "val", 0, 100, ())]
+    pieces += [Piece(i, "val", 0, 12, ()) for i in range(1, 30)]  # one window of 9 per 12 tokens
+    _, counts = plan_windows(pieces, block_size=8, stride=4)
+    assert counts["splits"]["train"]["covered_tokens"] == 997 and counts["splits"]["val"]["covered_tokens"] == 97 + 29 * 9
+    (warning,) = check_windows(counts, 8, 4, {i: f"/data/{i}.txt" for i in range(30)})
+    assert warning == (
+        "the val windows cover 80% of the val split's tokens: each file's tokens after its last window go unused, "
+        "and the files are short (median 12 tokens, windows of 9); a smaller data.stride or data.block_size uses more of them"
+    )
+    # A stride longer than the window skips tokens on purpose: no warning.
+    _, counts = plan_windows([Piece(0, "train", 0, 1000, ()), Piece(0, "val", 0, 1000, ())], block_size=8, stride=20)
+    assert counts["splits"]["train"]["covered_tokens"] == 450 and check_windows(counts, 8, 20, {0: "/data/a.txt"}) == []
 
 
 def test_pieces_are_cut_after_newlines_and_cover_the_file(tmp_path, monkeypatch):

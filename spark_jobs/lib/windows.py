@@ -27,6 +27,12 @@ def window_count(n_tokens: int, block_size: int, stride: int) -> int:
     return (n_tokens - block_size - 1) // stride + 1
 
 
+def covered_tokens(n_tokens: int, block_size: int, stride: int) -> int:
+    """Tokens of a sequence of n_tokens that lie in at least one of its windows."""
+    n_windows = window_count(n_tokens, block_size, stride)
+    return (n_windows - 1) * min(stride, block_size + 1) + block_size + 1 if n_windows else 0
+
+
 def window_starts(n_tokens: int, block_size: int, stride: int) -> np.ndarray:
     return np.arange(window_count(n_tokens, block_size, stride), dtype=np.int64) * stride
 
@@ -70,13 +76,13 @@ class Piece:
 
 def plan_windows(pieces: list[Piece], block_size: int, stride: int) -> tuple[dict[tuple[int, str, int], PiecePlan], dict]:
     """Which windows each piece produces, and the counts: ({(doc_id, split, piece): PiecePlan},
-    {"splits": {split: {"windows", "tokens", "sequences"}}, "sequences": [{doc_id, split, tokens, windows}]})."""
+    {"splits": {split: {"windows", "tokens", "covered_tokens", "sequences"}}, "sequences": [{doc_id, split, tokens, windows}]})."""
     by_sequence: dict[tuple[int, str], list[Piece]] = defaultdict(list)
     for item in pieces:
         by_sequence[(item.doc_id, item.split)].append(item)
     plans: dict[tuple[int, str, int], PiecePlan] = {}
     next_index = dict.fromkeys(SPLITS, 0)
-    totals = {split: {"windows": 0, "tokens": 0, "sequences": 0} for split in SPLITS}
+    totals = {split: {"windows": 0, "tokens": 0, "covered_tokens": 0, "sequences": 0} for split in SPLITS}
     sequences = []
     for doc_id, split in sorted(by_sequence, key=lambda key: (key[1], key[0])):
         ordered = sorted(by_sequence[(doc_id, split)], key=lambda item: item.piece)
@@ -103,6 +109,7 @@ def plan_windows(pieces: list[Piece], block_size: int, stride: int) -> tuple[dic
         next_index[split] += n_windows
         totals[split]["windows"] += n_windows
         totals[split]["tokens"] += n_total
+        totals[split]["covered_tokens"] += covered_tokens(n_total, block_size, stride)
         totals[split]["sequences"] += 1
         sequences.append({"doc_id": doc_id, "split": split, "tokens": n_total, "windows": n_windows})
     return plans, {"splits": totals, "sequences": sequences}
@@ -111,9 +118,10 @@ def plan_windows(pieces: list[Piece], block_size: int, stride: int) -> tuple[dic
 PART_NAMES = {"train": "training part", "val": "validation part"}
 
 
-def check_windows(counts: dict, block_size: int, paths: dict[int, str]) -> list[str]:
+def check_windows(counts: dict, block_size: int, stride: int, paths: dict[int, str]) -> list[str]:
     """Stop with a message naming the file(s) when a split has no window at all; return warnings
-    for files whose part of a split is too short to give one."""
+    for files whose part of a split is too short to give one, and for a split whose windows leave
+    much of its text unused."""
     needed = block_size + 1
     for split in SPLITS:
         if counts["splits"].get(split, {}).get("windows", 0) == 0:
@@ -131,11 +139,30 @@ def check_windows(counts: dict, block_size: int, paths: dict[int, str]) -> list[
                 f"data.block_size + 1 = {needed}; use more text, a smaller data.block_size"
                 + (" or a larger data.val_fraction" if split == "val" else "")
             )
-    return [
+    warnings = [
         short_parts_warning(split, short, counts["splits"][split]["tokens"], needed, paths)
         for split in SPLITS
         if (short := [seq for seq in counts["sequences"] if seq["split"] == split and seq["windows"] == 0])
     ]
+    return warnings + coverage_warnings(counts, block_size, stride)
+
+
+def coverage_warnings(counts: dict, block_size: int, stride: int) -> list[str]:
+    """A warning per split whose windows cover much less of its tokens than long files would give:
+    the tokens after each file's last window go unused, which adds up over many short files."""
+    wanted = 0.9 * min(1.0, (block_size + 1) / stride)  # a stride past the window skips tokens on purpose
+    warnings = []
+    for split in SPLITS:
+        totals = counts["splits"][split]
+        share = totals["covered_tokens"] / totals["tokens"]
+        if share < wanted:
+            lengths = sorted(seq["tokens"] for seq in counts["sequences"] if seq["split"] == split)
+            warnings.append(
+                f"the {split} windows cover {share:.0%} of the {split} split's tokens: each file's tokens after its "
+                f"last window go unused, and the files are short (median {lengths[len(lengths) // 2]:,} tokens, "
+                f"windows of {block_size + 1}); a smaller data.stride or data.block_size uses more of them"
+            )
+    return warnings
 
 
 def short_parts_warning(split: str, short: list[dict], split_tokens: int, needed: int, paths: dict[int, str]) -> str:
@@ -152,5 +179,5 @@ def short_parts_warning(split: str, short: list[dict], split_tokens: int, needed
     lost = sum(seq["tokens"] for seq in short)
     return (
         f"{len(short)} corpus files have a {part} of fewer tokens than one window ({needed}): {listed}; "
-        f"their {lost} tokens ({lost / split_tokens:.1%} of the {split} split) give no {split} window"
+        f"their {lost:,} tokens ({lost / split_tokens:.1%} of the {split} split) give no {split} window"
     )
