@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
+
 import numpy as np
 import pytest
 
@@ -230,8 +233,11 @@ def test_a_file_without_newlines_is_cut_between_characters(tmp_path, monkeypatch
 def test_check_text_finds_bad_bytes_with_their_offset():
     assert corpus.check_text("héllo\n".encode()) == (6, None)
     assert corpus.check_text(b"abc\xff def", offset=100) == (0, "is not UTF-8 text (byte 0xff at offset 103)")
-    chars, problem = corpus.check_text(b"PK\x03\x04\x00\x00", offset=0)
-    assert problem == "looks binary (NUL byte at offset 4)"
+    assert corpus.check_text(b"almost text\x00with a NUL\n")[1] == "looks binary (NUL byte at offset 11)"
+    assert corpus.check_text(b"PK\x03\x04\x00\x00")[1] == "is a zip archive, not text (decompress it first)"
+    assert corpus.check_text(gzip.compress("To be, or not to be\n".encode()))[1] == "is a gzip archive, not text (decompress it first)"
+    assert corpus.check_text(bz2.compress(b"To be\n"))[1] == "is a bzip2 archive, not text (decompress it first)"
+    assert corpus.check_text(b"BZh is how this line starts\n") == (28, None)
 
 
 def test_assess_fails_or_skips_bad_files():

@@ -130,8 +130,15 @@ def piece_size(piece: Piece) -> int:
     return piece.end - piece.start
 
 
+COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
+
+
 def check_text(data: bytes, offset: int = 0) -> tuple[int, str | None]:
     """(characters, problem) of a piece's bytes that start at byte `offset` of their file."""
+    if offset == 0:
+        for magic, kind in COMPRESSED.items():
+            if data.startswith(magic) and (kind != "bzip2" or data[3:4].isdigit()):
+                return 0, f"is a {kind} archive, not text (decompress it first)"
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
