@@ -7,6 +7,7 @@ corpus and prints where the outputs are; the DAG uses `run_stage` for its local 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from include.spark_submit import STAGES, local_master, package_code, spark_submit_argv
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import ConfigError, PipelineConfig, load_config
+from spark_jobs.lib.config import ConfigError, PipelineConfig, apply_overrides, load_config, validate
 from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 
 
@@ -89,19 +90,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", help="YAML defaults (default: include/config/pipeline.yaml)")
     parser.add_argument("--corpus", help="corpus path, glob or URI (overrides the config's corpus)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--run-id", help="run folder name (default: {run_name}-{UTC timestamp})")
+    parser.add_argument(
+        "--run-id",
+        help="run folder name (default: {run_name}-{UTC timestamp}); an existing run keeps its settings, "
+        "--corpus and --set change them",
+    )
     parser.add_argument(
         "--stages", default=",".join(STAGES), help="comma-separated stages to run, in order (default: all)"
     )
     return parser.parse_args(argv)
 
 
+def resolve_config(args: argparse.Namespace) -> PipelineConfig:
+    """The defaults with --corpus and --set applied; for an existing --run-id, the run's own
+    config.json with them applied, so that re-running a stage keeps the run's settings."""
+    # The corpus goes in as a dict so that a glob such as *.txt is not read as YAML.
+    overrides = args.overrides + ([{"corpus": args.corpus}] if args.corpus else [])
+    config = load_config(args.config, overrides)
+    if args.run_id:
+        existing = lake.join(lake.run_dir(config, args.run_id), lake.CONFIG_FILE)
+        if lake.exists(existing):
+            config = validate(apply_overrides(json.loads(lake.read_text(existing)), overrides))
+    return config
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        # The corpus goes in as a dict so that a glob such as *.txt is not read as YAML.
-        corpus = [{"corpus": args.corpus}] if args.corpus else []
-        config = load_config(args.config, args.overrides + corpus)
+        config = resolve_config(args)
         stages = tuple(stage for stage in args.stages.split(",") if stage)
         unknown = [stage for stage in stages if stage not in STAGES]
         if unknown:

@@ -1,7 +1,8 @@
 """The tokenize stage on corpora as people bring them. Bad ones: every case stops the application
 with exit code 2 and one line naming the file (or is skipped with a warning under
-data.bad_files=skip). Many small files: validation takes whole files. The stage runs in this
-process on a local Spark session; tests/test_preprocess_e2e.py runs it through spark-submit."""
+data.bad_files=skip). Many small files: validation takes whole files. A re-run clears what read
+the earlier outputs. The stage runs in this process on a local Spark session;
+tests/test_preprocess_e2e.py runs it through spark-submit."""
 
 from __future__ import annotations
 
@@ -146,3 +147,12 @@ def test_many_small_files_give_whole_files_to_validation(spark, tmp_path, capsys
     assert stats["tasks"] <= 6 and len(parts.parquet_files(lake.join(run, "tokens"))) == stats["tasks"]
     # Each scene is longer than one window, so no part is lost and nothing is warned about.
     assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("WARNING")]
+
+
+def test_re_running_a_stage_clears_the_stages_that_read_it(spark, tmp_path, capsys, shakespeare_slice):
+    run, code = run_tokenize(small_config(tmp_path, shakespeare_slice))
+    run_stage("window", window.body, ["--run-dir", run])
+    assert code == 0 and lake.exists(lake.stats_uri(run, "window"))
+    run_stage("tokenize", tokenize_corpus.body, ["--run-dir", run])
+    assert lake.exists(lake.stats_uri(run, "tokenize")) and not lake.exists(lake.stats_uri(run, "window"))
+    assert "NOTE [tokenize] window read this stage's outputs: no longer complete" in capsys.readouterr().err

@@ -2,7 +2,9 @@
 
 A run folder is {lake}/runs/{run_id}/. A stage is complete when its stats file
 stats/{stage}.json exists: stages write their outputs first and that file last, and clear it
-before they start, so a crashed stage never looks finished.
+before they start, so a crashed stage never looks finished. Starting a stage also clears the
+files of the stages that read its outputs (spark_jobs.lib.stages), so they never look finished
+with outputs made from older inputs.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import fnmatch
 import json
 import os
 import posixpath
+import sys
 import uuid
 from pathlib import Path
 
 from pyarrow import fs as pafs
 
+from spark_jobs.lib import stages
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 
@@ -167,9 +171,18 @@ def safe_run_id(run_id: str) -> str:
 
 
 def create_run(config: PipelineConfig, run_id: str) -> str:
-    """Make a run folder holding the resolved config; returns its URI."""
+    """Make a run folder holding the resolved config, or update an existing one's: the stages
+    whose outputs changed settings make stale are no longer complete. Returns its URI."""
     folder = run_dir(config, run_id)
-    write_text(join(folder, CONFIG_FILE), config.to_json())
+    config_uri = join(folder, CONFIG_FILE)
+    if exists(config_uri):
+        changed = stages.changed_settings(json.loads(read_text(config_uri)), json.loads(config.to_json()))
+        cleared = [name for stage in stages.stale_stages(list(changed)) for name in clear_stage(folder, stage)]
+        if cleared:
+            settings = ", ".join(f"{path}: {old!r} -> {new!r}" for path, (old, new) in changed.items())
+            print(f"NOTE run folder {folder}: changed {settings}; stage(s) {', '.join(cleared)} no longer complete",
+                  file=sys.stderr, flush=True)
+    write_text(config_uri, config.to_json())
     return folder
 
 
@@ -177,8 +190,13 @@ def stats_uri(run: str, stage: str) -> str:
     return join(run, "stats", f"{stage}.json")
 
 
-def clear_stage(run: str, stage: str) -> None:
-    delete(stats_uri(run, stage))
+def clear_stage(run: str, stage: str) -> list[str]:
+    """Mark a stage and the stages that read its outputs as not complete; returns those of them
+    that were complete."""
+    cleared = [name for name in (stage, *stages.downstream(stage)) if exists(stats_uri(run, name))]
+    for name in cleared:
+        delete(stats_uri(run, name))
+    return cleared
 
 
 def complete_stage(run: str, stage: str, stats: dict) -> None:

@@ -51,7 +51,9 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dic
     run = args.run_dir.rstrip("/")
     try:
         config = load_run_config(run)
-        lake.clear_stage(run, stage)
+        stale = [name for name in lake.clear_stage(run, stage) if name != stage]
+        if stale:
+            print(f"NOTE [{stage}] {', '.join(stale)} read this stage's outputs: no longer complete", file=sys.stderr, flush=True)
         spark = spark_session(stage)
         started = time.perf_counter()
         stats = body(spark, config, run)

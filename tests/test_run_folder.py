@@ -1,0 +1,81 @@
+"""Run folders: which stages a re-run or a changed setting makes stale (spark_jobs.lib.stages),
+and create_run clearing their completion markers when an existing run's settings change."""
+
+from __future__ import annotations
+
+from include.spark_submit import STAGES
+from spark_jobs.lib import lake, stages
+from spark_jobs.lib.config import load_config
+from tests.conftest import new_run, small_config
+
+
+def test_the_stage_graph_covers_the_pipeline_in_order():
+    assert tuple(stages.INPUTS) == STAGES == tuple(stages.SETTINGS)
+    for position, stage in enumerate(STAGES):
+        assert all(STAGES.index(source) < position for source in stages.INPUTS[stage])
+
+
+def test_downstream_stages():
+    assert stages.downstream("tokenize") == ["window", "positional_embed", "export", "train", "generate"]
+    assert stages.downstream("positional_embed") == ["train", "generate"]  # export does not read embeddings
+    assert stages.downstream("generate") == []
+
+
+def test_changed_settings_make_their_stages_and_later_ones_stale():
+    old = {"data": {"block_size": 128, "stride": 64}, "train": {"max_steps": 600}, "run_name": "a"}
+    new = {"data": {"block_size": 128, "stride": 32}, "train": {"max_steps": 900}, "run_name": "b"}
+    changed = stages.changed_settings(old, new)
+    assert changed == {"data.stride": (64, 32), "run_name": ("a", "b"), "train.max_steps": (600, 900)}
+    assert stages.stale_stages(list(changed)) == ["window", "positional_embed", "export", "train", "generate"]
+    assert stages.stale_stages(["train.max_steps"]) == ["train", "generate"]
+    assert stages.stale_stages(["embedding.word2vec.window"]) == ["positional_embed", "train", "generate"]
+    assert stages.stale_stages(["run_name", "emr.core_instance_count", "lake"]) == []
+
+
+def complete(run: str, *names: str) -> None:
+    for name in names:
+        lake.complete_stage(run, name, {"stage": name})
+
+
+def completed(run: str) -> list[str]:
+    return [name for name in STAGES if lake.exists(lake.stats_uri(run, name))]
+
+
+def test_an_existing_run_with_changed_settings_keeps_only_what_they_do_not_touch(tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    run = new_run(small_config(tmp_path, corpus), "r")
+    complete(run, *STAGES)
+    assert lake.create_run(small_config(tmp_path, corpus), "r") == run  # same settings: nothing changes
+    assert completed(run) == list(STAGES)
+
+    lake.create_run(small_config(tmp_path, corpus, ["train.max_steps=7"]), "r")
+    assert completed(run) == ["tokenize", "window", "positional_embed", "export"]
+    default = load_config().train.max_steps
+    assert f"changed train.max_steps: {default} -> 7; stage(s) train, generate no longer complete" in capsys.readouterr().err
+    assert lake.read_json(lake.join(run, lake.CONFIG_FILE))["train"]["max_steps"] == 7
+
+    lake.create_run(small_config(tmp_path, corpus, ["train.max_steps=7", "data.stride=8"]), "r")
+    assert completed(run) == ["tokenize"]
+
+
+def test_clearing_a_stage_clears_the_stages_that_read_it(tmp_path):
+    run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
+    complete(run, *STAGES)
+    assert lake.clear_stage(run, "export") == ["export", "train", "generate"]
+    assert completed(run) == ["tokenize", "window", "positional_embed"]
+    assert lake.clear_stage(run, "export") == []
+
+
+def test_the_local_runner_keeps_an_existing_runs_settings(tmp_path):
+    from include import local_runner
+
+    corpus = tmp_path / "c.txt"
+    run = new_run(small_config(tmp_path, corpus, ["train.max_steps=7"]), "r")
+    args = local_runner.parse_args(["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "--set", "train.batch_size=4"])
+    config = local_runner.resolve_config(args)
+    assert lake.run_dir(config, "r") == run
+    assert (config.corpus, config.train.max_steps, config.train.batch_size) == ([corpus.as_uri()], 7, 4)
+    assert config.data.block_size == small_config(tmp_path, corpus).data.block_size != load_config().data.block_size
+    # A new run starts from the defaults.
+    args = local_runner.parse_args(["--run-id", "new", "--set", f"lake={tmp_path / 'lake'}"])
+    assert local_runner.resolve_config(args).train.max_steps == load_config().train.max_steps
