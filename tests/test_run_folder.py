@@ -79,3 +79,12 @@ def test_the_local_runner_keeps_an_existing_runs_settings(tmp_path):
     # A new run starts from the defaults.
     args = local_runner.parse_args(["--run-id", "new", "--set", f"lake={tmp_path / 'lake'}"])
     assert local_runner.resolve_config(args).train.max_steps == load_config().train.max_steps
+
+
+def test_the_done_line_counts_long_lists_instead_of_printing_them():
+    from spark_jobs.lib.stage import brief
+
+    stats = {"sequences": [{"doc_id": i} for i in range(300)], "splits": {"train": {"tokens": 5}}, "skipped": [1, 2]}
+    assert brief(stats, "stats/window.json") == {
+        "sequences": "300 entries, see stats/window.json", "splits": {"train": {"tokens": 5}}, "skipped": [1, 2]
+    }

@@ -66,5 +66,16 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dic
     except PipelineError as error:
         print(f"ERROR [{stage}] {error}", file=sys.stderr, flush=True)
         sys.exit(BAD_INPUT_EXIT)
-    print(f"[{stage}] done: {json.dumps(stats, sort_keys=True)}", flush=True)
+    print(f"[{stage}] done: {json.dumps(brief(stats, f'stats/{stage}.json'), sort_keys=True)}", flush=True)
     return stats
+
+
+def brief(stats: dict, where: str, longest: int = 10) -> dict:
+    """The stats for the log line: a list longer than `longest` (one entry per corpus file, say)
+    is only counted there; the stats file holds it all."""
+    return {
+        key: brief(value, where, longest) if isinstance(value, dict)
+        else f"{len(value)} entries, see {where}" if isinstance(value, list) and len(value) > longest
+        else value
+        for key, value in stats.items()
+    }
