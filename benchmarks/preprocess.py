@@ -135,7 +135,7 @@ def report_marginal(small: dict, large: dict) -> None:
     _, best = baseline(large)
     print(f"\nthe extra {large['mb'] - small['mb']:.0f} MB ({extra:,} tokens) cost: "
           + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in cost.items())
-          + f" (of which BPE training {bpe:.2f} s: its sample grows up to tokenizer.train_sample_mb)")  # fmt: skip
+          + f"; BPE training is {bpe:.2f} s of tokenize's (its sample grows up to tokenizer.train_sample_mb)")  # fmt: skip
     total = sum(cost.values())
     for label, seconds in (("all", total), ("without BPE training", total - bpe)):
         rate = extra / seconds
