@@ -38,7 +38,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowTimetableInvalid
 from include import emr, emr_tasks, local_runner, trigger_form
 from include.collect import AWS_CONN_ID, collect_record
 from include.spark_submit import STAGES, package_code
-from spark_jobs.lib import lake
+from spark_jobs.lib import corpus, lake
 from spark_jobs.lib.config import ConfigError, PipelineConfig, defaults_path, load_config, read_yaml
 from spark_jobs.lib.errors import name_some
 from spark_jobs.lib.stage import load_run_config
@@ -52,15 +52,15 @@ CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form
 
 def retraining_schedule(config: PipelineConfig):
     """Retrain when the corpus asset is updated, and on the configured cron or preset if there is one."""
-    corpus = AssetAny(*(Asset(uri) for uri in config.corpus))
+    corpus_assets = AssetAny(*(Asset(uri) for uri in config.corpus))
     if config.schedule is None:
-        return corpus
+        return corpus_assets
     timetable = CronTriggerTimetable(config.schedule, timezone="UTC")
     try:
         timetable.validate()
     except AirflowTimetableInvalid as error:
         raise ConfigError(f"invalid configuration: schedule: {error} (got {config.schedule!r})") from None
-    return AssetOrTimeSchedule(timetable=timetable, assets=corpus)
+    return AssetOrTimeSchedule(timetable=timetable, assets=corpus_assets)
 
 
 def form_config() -> tuple[PipelineConfig, str]:
@@ -72,15 +72,17 @@ def form_config() -> tuple[PipelineConfig, str]:
     return config, f"{config.run_name}-{context['run_id']}"
 
 
-def log_corpus(files: list[str]) -> None:
-    log.info("corpus: %d file(s): %s", len(files), name_some(files, shown=5))
+def check_corpus(config: PipelineConfig, sizes: dict[str, int]) -> None:
+    """Log the corpus and stop one too small for a window before any Spark or cluster starts."""
+    log.info("corpus: %d file(s), %s bytes: %s", len(sizes), f"{sum(sizes.values()):,}", name_some(list(sizes), shown=5))
+    corpus.check_size(list(sizes.values()), config.data.block_size, config.data.val_fraction)
 
 
 @task(retries=0)
 def validate_config() -> str:
     """Build this run's config from pipeline.yaml and the trigger form, check it, create the run folder."""
     config, run_id = form_config()
-    log_corpus(lake.corpus_files(config))
+    check_corpus(config, {uri: corpus.file_size(uri) for uri in lake.corpus_files(config)})
     run_dir = lake.create_run(config, run_id)
     log.info("run folder: %s", run_dir)
     return run_dir
@@ -93,7 +95,7 @@ def validate_config_for_emr() -> dict:
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     config, run_id = form_config()
-    log_corpus(emr.corpus_keys(config, S3Hook(aws_conn_id=config.emr.aws_conn_id)))
+    check_corpus(config, emr.corpus_objects(config, S3Hook(aws_conn_id=config.emr.aws_conn_id)))
     return emr_tasks.prepare(config, run_id, CONFIG)
 
 

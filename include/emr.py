@@ -181,19 +181,23 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-def corpus_keys(config: PipelineConfig, s3_hook) -> list[str]:
-    """Every corpus object on S3 (globs in the last path component), or a PipelineError naming
-    the pattern that matched nothing: checked before a cluster is created."""
-    found = []
+def corpus_objects(config: PipelineConfig, s3_hook) -> dict[str, int]:
+    """Every corpus object on S3 (globs in the last path component) with its size, or a
+    PipelineError naming the pattern that matched nothing: checked before a cluster is created."""
+    found = {}
     for pattern in config.corpus:
         bucket, key = split_s3_uri(pattern)
         folder = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
-        keys = s3_hook.list_keys(bucket_name=bucket, prefix=folder if any(c in key for c in "*?[") else key) or []
-        matched = [f"s3://{bucket}/{name}" for name in keys if fnmatch.fnmatchcase(name, key) or name == key]
+        listed = s3_hook.iter_file_metadata(folder if any(c in key for c in "*?[") else key, bucket_name=bucket)
+        matched = {
+            f"s3://{bucket}/{item['Key']}": item["Size"]
+            for item in listed
+            if fnmatch.fnmatchcase(item["Key"], key) or item["Key"] == key
+        }
         if not matched:
             raise PipelineError(f"corpus {pattern} matches no object on S3")
-        found.extend(matched)
-    return sorted(set(found))
+        found |= matched
+    return dict(sorted(found.items()))
 
 
 def upload_run(config: PipelineConfig, run_id: str, s3_client) -> dict[str, str]:

@@ -34,6 +34,7 @@ BUCKET = "gpt-pipeline"
 DAG_FILE = REPO_ROOT / "dags" / "gpt_pipeline.py"
 CORPUS = f"s3://{BUCKET}/corpus/*.txt"
 OVERRIDES = {"target": "emr", "corpus": CORPUS, "lake": f"s3://{BUCKET}/lake", "emr": {"poke_interval_seconds": 1}}
+SONNET_LINE = b"Shall I compare thee to a summer's day?\n"
 TRAIN_STATS = {"final_val_loss": 4.2, "final_val_nats_per_char": 1.3}
 
 
@@ -84,7 +85,7 @@ def aws(moto_endpoint, monkeypatch, emr_defaults):
     requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10).raise_for_status()
     s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint)
     s3.create_bucket(Bucket=BUCKET)
-    s3.put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=b"Shall I compare thee to a summer's day?\n")
+    s3.put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=SONNET_LINE * 100)
     return {"s3": s3, "emr": boto3.client("emr", region_name=REGION, endpoint_url=moto_endpoint)}
 
 
@@ -235,6 +236,19 @@ def test_a_failed_step_fails_the_run_and_the_cluster_is_still_terminated(airflow
     assert cluster["Status"]["State"] == "TERMINATED"
     steps = aws["emr"].list_steps(ClusterId=cluster["Id"])["Steps"]
     assert sorted(step["Name"] for step in steps) == ["tokenize", "window"]
+
+
+def test_a_corpus_too_small_for_a_window_fails_before_any_cluster_exists(airflow_db, aws, capfd):
+    aws["s3"].put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=SONNET_LINE)
+    dag_run, states, finished = run_dag(aws)
+
+    logged = "".join(capfd.readouterr())
+    assert "PipelineError: the corpus holds 40 bytes, so at most 40 tokens, and a window needs data.block_size + 1 = 129" in logged
+    assert dag_run.state == "failed" and states["validate_config"] == "failed"
+    assert states["create_cluster"] == "upstream_failed" and finished == []
+    assert aws["emr"].list_clusters()["Clusters"] == []
+    # validate_config stopped before uploading anything of the run.
+    assert [item["Key"] for item in aws["s3"].list_objects_v2(Bucket=BUCKET)["Contents"]] == ["corpus/sonnets.txt"]
 
 
 def test_sensors_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr_defaults):

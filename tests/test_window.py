@@ -107,6 +107,17 @@ def test_split_boundary_is_the_last_fraction_of_characters():
     assert corpus.split_boundary(10, 0.25) == 7
 
 
+def test_corpus_size_is_checked_against_a_window_before_anything_runs():
+    corpus.check_size([1000, 0], block_size=128, val_fraction=0.1)  # 1000 bytes may hold enough tokens
+    with pytest.raises(PipelineError, match=r"^the corpus is empty: its 2 file\(s\) hold no bytes$"):
+        corpus.check_size([0, 0], block_size=128, val_fraction=0.1)
+    with pytest.raises(PipelineError, match=r"^the corpus holds 100 bytes, so at most 100 tokens, and a window needs data.block_size \+ 1 = 129"):
+        corpus.check_size([60, 40], block_size=128, val_fraction=0.1)
+    # 200 bytes: the last tenth is 20 characters, at most 84 tokens even at 4 bytes a character
+    with pytest.raises(PipelineError, match=r"validation part \(data.val_fraction=0.1 of 200 bytes\) holds at most 84 tokens"):
+        corpus.check_size([200], block_size=128, val_fraction=0.1)
+
+
 def test_pack_groups_consecutive_items_up_to_the_target():
     assert corpus.pack([5, 5, 5, 12, 1, 1, 9], lambda n: n, 10) == [[5, 5], [5], [12], [1, 1], [9]]
     assert corpus.pack([], lambda n: n, 10) == []

@@ -67,6 +67,27 @@ def file_size(uri: str) -> int:
     return info.size
 
 
+def check_size(sizes: list[int], block_size: int, val_fraction: float) -> None:
+    """Stop a corpus too small for a window in either split before any Spark (or cluster) starts.
+    A token is at least one byte and a character at most four, so these bounds never stop a corpus
+    that the tokenize stage would accept; the stage checks exactly, on the tokens."""
+    total, needed = sum(sizes), block_size + 1
+    if total == 0:
+        raise PipelineError(f"the corpus is empty: its {len(sizes)} file(s) hold no bytes")
+    if total < needed:
+        raise PipelineError(
+            f"the corpus holds {total} bytes, so at most {total} tokens, and a window needs data.block_size + 1 = "
+            f"{needed}; use more text or a smaller data.block_size"
+        )
+    val_tokens = int(4 * (val_fraction * total + 1))
+    if val_tokens < needed:
+        raise PipelineError(
+            f"the corpus's validation part (data.val_fraction={val_fraction} of {total} bytes) holds at most "
+            f"{val_tokens} tokens, and a window needs data.block_size + 1 = {needed}; use more text, a smaller "
+            "data.block_size or a larger data.val_fraction"
+        )
+
+
 def read_range(uri: str, start: int, length: int) -> bytes:
     fs, path = lake.filesystem(uri)
     with fs.open_input_file(path) as handle:
