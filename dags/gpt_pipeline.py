@@ -82,7 +82,7 @@ def check_corpus(config: PipelineConfig, sizes: dict[str, int]) -> None:
 def validate_config() -> str:
     """Build this run's config from pipeline.yaml and the trigger form, check it, create the run folder."""
     config, run_id = form_config()
-    check_corpus(config, {uri: corpus.file_size(uri) for uri in lake.corpus_files(config)})
+    check_corpus(config, lake.corpus_files(config))
     run_dir = lake.create_run(config, run_id)
     log.info("run folder: %s", run_dir)
     return run_dir

@@ -103,7 +103,7 @@ def body(spark, config, run: str) -> dict:
     sc = spark.sparkContext
     timings = {}
     started = time.perf_counter()
-    files = [(uri, corpus.file_size(uri)) for uri in lake.corpus_files(config)]
+    files = list(lake.corpus_files(config).items())
     pieces = corpus.plan_pieces(files, sc.defaultParallelism)
     task_bytes = corpus.piece_bytes(sum(size for _, size in files), sc.defaultParallelism)
     groups = corpus.pack(pieces, corpus.piece_size, task_bytes)

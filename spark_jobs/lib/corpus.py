@@ -19,8 +19,6 @@ import hashlib
 import posixpath
 from dataclasses import dataclass, replace
 
-from pyarrow import fs as pafs
-
 from spark_jobs.lib import lake
 from spark_jobs.lib.errors import PipelineError, name_some
 
@@ -57,14 +55,6 @@ class Document:
     size: int  # bytes
     chars: int
     boundary: int  # first validation character: 0 for a validation file, chars for a training file
-
-
-def file_size(uri: str) -> int:
-    fs, path = lake.filesystem(uri)
-    info = fs.get_file_info(path)
-    if info.type != pafs.FileType.File:
-        raise PipelineError(f"corpus file {uri} does not exist")
-    return info.size
 
 
 def check_size(sizes: list[int], block_size: int, val_fraction: float) -> None:

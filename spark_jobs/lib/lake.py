@@ -92,18 +92,25 @@ def delete(uri: str) -> None:
         fs.delete_file(path)
 
 
-def list_files(uri: str) -> list[str]:
-    """URIs of every file below a folder, sorted."""
+def list_file_sizes(uri: str) -> dict[str, int]:
+    """{URI: size in bytes} of every file below a folder, sorted, from one listing."""
     fs, path = filesystem(uri)
     if fs.get_file_info(path).type != pafs.FileType.Directory:
-        return []
+        return {}
     selector = pafs.FileSelector(path, recursive=True)
     base = uri.rstrip("/")
-    return sorted(
-        join(base, posixpath.relpath(info.path, path))
-        for info in fs.get_file_info(selector)
-        if info.type == pafs.FileType.File
+    return dict(
+        sorted(
+            (join(base, posixpath.relpath(info.path, path)), info.size)
+            for info in fs.get_file_info(selector)
+            if info.type == pafs.FileType.File
+        )
     )
+
+
+def list_files(uri: str) -> list[str]:
+    """URIs of every file below a folder, sorted."""
+    return list(list_file_sizes(uri))
 
 
 def upload_dir(local_dir: str | Path, uri: str) -> None:
@@ -130,35 +137,39 @@ def download_file(uri: str, target: str | Path) -> Path:
     return target
 
 
-def expand(pattern: str) -> list[str]:
-    """Files matching a path, URI or glob (the glob may only be in the last path component)."""
+def expand(pattern: str) -> dict[str, int]:
+    """{URI: size in bytes} of the files matching a path, URI or glob (the glob may only be in the
+    last path component), from a listing rather than a request per file (thousands of S3 objects)."""
     if not any(char in pattern for char in "*?["):
         fs, path = filesystem(pattern)
-        kind = fs.get_file_info(path).type
-        if kind == pafs.FileType.File:
-            return [pattern]
-        return list_files(pattern) if kind == pafs.FileType.Directory else []
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            return {pattern: info.size}
+        return list_file_sizes(pattern) if info.type == pafs.FileType.Directory else {}
     folder, name_glob = pattern.rsplit("/", 1)
     fs, path = filesystem(folder)
     if fs.get_file_info(path).type != pafs.FileType.Directory:
-        return []
+        return {}
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=False))
-    return sorted(
-        join(folder, posixpath.basename(info.path))
-        for info in infos
-        if info.type == pafs.FileType.File and fnmatch.fnmatch(posixpath.basename(info.path), name_glob)
+    return dict(
+        sorted(
+            (join(folder, posixpath.basename(info.path)), info.size)
+            for info in infos
+            if info.type == pafs.FileType.File and fnmatch.fnmatch(posixpath.basename(info.path), name_glob)
+        )
     )
 
 
-def corpus_files(config: PipelineConfig) -> list[str]:
-    """Every corpus file, or a PipelineError naming the pattern that matched nothing."""
-    files = []
+def corpus_files(config: PipelineConfig) -> dict[str, int]:
+    """{URI: size in bytes} of every corpus file, sorted, or a PipelineError naming the pattern
+    that matched nothing."""
+    files: dict[str, int] = {}
     for pattern in config.corpus:
         matched = expand(pattern)
         if not matched:
             raise PipelineError(f"corpus {pattern} matches no file")
-        files.extend(matched)
-    return sorted(dict.fromkeys(files))
+        files |= matched
+    return dict(sorted(files.items()))
 
 
 def run_dir(config: PipelineConfig, run_id: str) -> str:
