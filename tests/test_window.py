@@ -118,6 +118,21 @@ def test_corpus_size_is_checked_against_a_window_before_anything_runs():
         corpus.check_size([200], block_size=128, val_fraction=0.1)
 
 
+def test_corpus_files_come_with_their_sizes(tmp_path):
+    from spark_jobs.lib import lake
+    from spark_jobs.lib.config import load_config
+
+    (tmp_path / "b.txt").write_text("bb")
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / "skip.md").write_text("ccc")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.txt").write_text("cccc")
+    config = load_config(overrides=[{"corpus": [str(tmp_path / "*.txt"), str(tmp_path / "sub"), str(tmp_path / "a.txt")]}])
+    assert lake.corpus_files(config) == {
+        (tmp_path / "a.txt").as_uri(): 1, (tmp_path / "b.txt").as_uri(): 2, (tmp_path / "sub" / "c.txt").as_uri(): 4
+    }
+
+
 def test_pack_groups_consecutive_items_up_to_the_target():
     assert corpus.pack([5, 5, 5, 12, 1, 1, 9], lambda n: n, 10) == [[5, 5], [5], [12], [1, 1], [9]]
     assert corpus.pack([], lambda n: n, 10) == []
