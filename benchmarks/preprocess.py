@@ -1,8 +1,9 @@
 """Preprocessing throughput: the four Spark stages on ~20 MB of text against bare HF `tokenizers`.
 
-    .venv/bin/python benchmarks/preprocess.py [--mb 20[,60]] [--set section.key=value ...]
+    .venv/bin/python benchmarks/preprocess.py [--mb 20[,60]] [--files N] [--set section.key=value ...]
 
-Builds a corpus of tinyshakespeare repeated to --mb megabytes (one file), runs tokenize, window,
+Builds a corpus of tinyshakespeare repeated to --mb megabytes (one file, or --files files cut at
+line ends: a corpus of many small documents), runs tokenize, window,
 positional_embed and export through spark-submit on local[cores] (include/local_runner.run_stage),
 and prints tokens/s per stage and end to end. Each stage's time is split into the body (the
 stage's own work, duration_s of stats/{stage}.json) and start-up plus shut-down (JVM, imports,
@@ -36,12 +37,25 @@ STAGES = ("tokenize", "window", "positional_embed", "export")
 SHAKESPEARE = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
-def build_corpus(folder: Path, megabytes: float) -> Path:
+def build_corpus(folder: Path, megabytes: float, files: int) -> tuple[str, str, str]:
+    """tinyshakespeare repeated to about `megabytes`, as one file or cut at line ends into `files`
+    files; returns (corpus path or glob, its name, the text)."""
     text = SHAKESPEARE.read_text(encoding="utf-8")
     copies = max(1, round(megabytes * 1_000_000 / len(text.encode("utf-8"))))
-    path = folder / f"shakespeare-x{copies}.txt"
-    path.write_text(text * copies, encoding="utf-8")
-    return path
+    text *= copies
+    name = f"shakespeare-x{copies}"
+    if files == 1:
+        path = folder / f"{name}.txt"
+        path.write_text(text, encoding="utf-8")
+        return str(path), path.name, text
+    name = f"{name} in {files} files"
+    corpus = folder / "corpus"
+    corpus.mkdir()
+    lines = text.splitlines(keepends=True)
+    per_file = -(-len(lines) // files)
+    for index in range(files):
+        (corpus / f"part-{index:05d}.txt").write_text("".join(lines[index * per_file : (index + 1) * per_file]), encoding="utf-8")
+    return str(corpus / "*.txt"), name, text
 
 
 def bare_tokenizer(tokenizer_json: str, text: str, cores: int, repeats: int) -> dict:
@@ -68,12 +82,12 @@ def bare_tokenizer(tokenizer_json: str, text: str, cores: int, repeats: int) -> 
     return results
 
 
-def measure(megabytes: float, overrides: list[str], cores: int, repeats: int, keep: bool) -> dict:
+def measure(megabytes: float, files: int, overrides: list[str], cores: int, repeats: int, keep: bool) -> dict:
     """Run the four stages on a corpus of `megabytes` and the bare tokenizer on the same text."""
     scratch = Path(tempfile.mkdtemp(prefix="gpt-pipeline-bench-"))
     try:
-        corpus = build_corpus(scratch, megabytes)
-        config = load_config(overrides=[{"corpus": str(corpus), "lake": str(scratch / "lake")}] + overrides)
+        corpus, name, text = build_corpus(scratch, megabytes, files)
+        config = load_config(overrides=[{"corpus": corpus, "lake": str(scratch / "lake")}] + overrides)
         run = lake.create_run(config, "bench")
         code = scratch / "code"
         package_code(code)
@@ -88,8 +102,8 @@ def measure(megabytes: float, overrides: list[str], cores: int, repeats: int, ke
         tokenize = lake.read_json(lake.stats_uri(run, "tokenize"))
         tokens = sum(split["tokens"] for split in tokenize["splits"].values())
         tokenizer_json = lake.read_text(lake.join(run, "tokenizer", "tokenizer.json"))
-        bare = bare_tokenizer(tokenizer_json, corpus.read_text(encoding="utf-8"), cores, repeats)
-        return {"corpus": corpus.name, "mb": corpus.stat().st_size / 1e6, "tokens": tokens, "stages": stages, "bare": bare}
+        bare = bare_tokenizer(tokenizer_json, text, cores, repeats)
+        return {"corpus": name, "mb": len(text.encode("utf-8")) / 1e6, "tokens": tokens, "stages": stages, "bare": bare}
     finally:
         if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -147,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--mb", default="20", help="corpus size in MB (default 20); several, comma-separated, also print the marginal rate"
     )
+    parser.add_argument(
+        "--files", type=int, default=1, help="cut the corpus into this many files at line ends (default 1)"
+    )
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--repeats", type=int, default=3, help="bare tokenizer runs (best is kept)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folders (corpus and run folder)")
@@ -155,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted(float(size) for size in args.mb.split(","))
     cores = os.cpu_count() or 2  # the local runner's local[N]; the tokenizer gets as many threads
     load_before = os.getloadavg()[0]  # other work on the machine skews every figure
-    results = [measure(size, args.overrides, cores, args.repeats, args.keep) for size in sizes]
+    if args.files < 1:
+        parser.error("--files must be at least 1")
+    results = [measure(size, args.files, args.overrides, cores, args.repeats, args.keep) for size in sizes]
     for index, result in enumerate(results):
         if index:
             print()
