@@ -87,6 +87,8 @@ def print_report(report: dict) -> None:
     print(f"S3 record:        {report['s3_uri']} (served by the moto server, gone when this command ends)")
     print(f"final val loss:   {report['final_val_loss']} nats/token")
     print(f"val nats/char:    {report['val_nats_per_char']}")
+    for message in report["warnings"]:
+        print(f"warning:          {message}")
     print(f"generated sample:\n{report['sample']}")
 
 

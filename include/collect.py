@@ -56,14 +56,16 @@ def record_files(run: RunFolder) -> list[str]:
 
 
 def build_report(run: RunFolder, s3_uri: str, stages: tuple[str, ...]) -> dict:
-    train = run.read_json("stats/train.json")
+    stats = {stage: run.read_json(f"stats/{stage}.json") for stage in stages}
+    train = stats["train"]
     return {
         "run": run.name,
         "run_folder": run.uri,
         "s3_uri": s3_uri,
         "final_val_loss": train.get("final_val_loss"),
         "val_nats_per_char": train.get("final_val_nats_per_char"),
-        "stage_seconds": {stage: run.read_json(f"stats/{stage}.json").get("duration_s") for stage in stages},
+        "stage_seconds": {stage: stats[stage].get("duration_s") for stage in stages},
+        "warnings": [f"[{stage}] {message}" for stage in stages for message in stats[stage].get("warnings", [])],
         "train": train,
         "sample": run.read("samples.txt").decode("utf-8"),
     }
@@ -71,13 +73,15 @@ def build_report(run: RunFolder, s3_uri: str, stages: tuple[str, ...]) -> dict:
 
 def report_text(report: dict) -> str:
     stages = "\n".join(f"| {stage} | {seconds} |" for stage, seconds in report["stage_seconds"].items())
+    warnings = "\n".join(f"- {message}" for message in report["warnings"])
     return (
         f"# Run {report['run']}\n\n"
         f"- record: {report['s3_uri']}\n"
         f"- run folder: {report['run_folder']}\n"
         f"- final validation loss: {report['final_val_loss']} nats/token, {report['val_nats_per_char']} nats/char\n\n"
         f"| stage | seconds |\n|---|---|\n{stages}\n\n"
-        f"## Sample\n\n```\n{report['sample']}\n```\n"
+        + (f"## Warnings\n\n{warnings}\n\n" if warnings else "")
+        + f"## Sample\n\n```\n{report['sample']}\n```\n"
     )
 
 

@@ -152,6 +152,7 @@ def body(spark, config, run: str) -> dict:
         "val_split": val_split,
         "files": len(files),
         "skipped": skipped,
+        "warnings": warnings,
         "pieces": len(pieces),
         "tasks": len(groups),
         "tokenizer": {

@@ -111,7 +111,8 @@ def body(spark, config, run: str) -> dict:
         stride,
     )
     paths = {row[0]: row[1] for row in rows}
-    for message in check_windows(counts, block_size, stride, paths):
+    warnings = check_windows(counts, block_size, stride, paths)
+    for message in warnings:
         print(f"WARNING [{STAGE}] {message}", file=sys.stderr, flush=True)
 
     timings = {"plan_s": time.perf_counter() - started}
@@ -130,6 +131,7 @@ def body(spark, config, run: str) -> dict:
         "stride": stride,
         "splits": {split: counts["splits"][split] for split in SPLITS},
         "sequences": counts["sequences"],
+        "warnings": warnings,
         "timings": {key: round(value, 3) for key, value in timings.items()},
         "outputs": {"windows": windows_uri},
     }

@@ -43,8 +43,12 @@ def finished_run(s3, run_dir: str, files: dict[str, bytes]) -> None:
             lake.write_bytes(lake.join(run_dir, name), data)
 
 
+SHORT_FILE_WARNING = "corpus file file:///c/a.txt: its validation part has 4 tokens, fewer than one window (129)"
+
+
 def run_files(config_json: str) -> dict[str, bytes]:
     files = {f"stats/{stage}.json": json.dumps({"duration_s": 1.5}).encode() for stage in STAGES}
+    files["stats/window.json"] = json.dumps({"duration_s": 1.5, "warnings": [SHORT_FILE_WARNING]}).encode()
     train = {"duration_s": 9.0, "final_val_loss": 2.5, "final_val_nats_per_char": 0.9}
     files |= {
         "config.json": config_json.encode(),
@@ -84,6 +88,9 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     assert report["stage_seconds"] == {stage: (9.0 if stage == "train" else 1.5) for stage in STAGES}
     assert report["sample"] == "The man starts with a sample"
     assert "0.9 nats/char" in copied["report.md"].decode()
+    # Stage warnings travel with the report, so that a run on EMR shows them too.
+    assert report["warnings"] == [f"[window] {SHORT_FILE_WARNING}"]
+    assert f"## Warnings\n\n- [window] {SHORT_FILE_WARNING}\n" in copied["report.md"].decode()
 
 
 def test_an_unfinished_run_is_not_collected(s3, hook, tmp_path):
