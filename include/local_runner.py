@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from include.spark_submit import STAGES, local_master, package_code, spark_submit_argv
-from spark_jobs.lib import lake
+from spark_jobs.lib import corpus, lake
 from spark_jobs.lib.config import ConfigError, PipelineConfig, apply_overrides, load_config, validate
 from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 
@@ -122,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [stage for stage in stages if stage not in STAGES]
         if unknown:
             raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}")
-        lake.corpus_files(config)
+        sizes = lake.corpus_files(config)
+        if "tokenize" in stages:
+            corpus.check_size(list(sizes.values()), config.data.block_size, config.data.val_fraction)
         run_id = args.run_id or f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
         run_dir = run_pipeline(config, run_id, stages)
     except (PipelineError, StageFailed) as error:

@@ -88,3 +88,13 @@ def test_the_done_line_counts_long_lists_instead_of_printing_them():
     assert brief(stats, "stats/window.json") == {
         "sequences": "300 entries, see stats/window.json", "splits": {"train": {"tokens": 5}}, "skipped": [1, 2]
     }
+
+
+def test_the_local_runner_stops_a_corpus_too_small_for_a_window_before_spark(tmp_path, capsys):
+    from include import local_runner
+
+    (tmp_path / "tiny.txt").write_text("Hi.\n")
+    code = local_runner.main(["--corpus", str(tmp_path / "tiny.txt"), "--set", f"lake={tmp_path / 'lake'}"])
+    assert code == 2
+    assert capsys.readouterr().err.startswith("ERROR the corpus holds 4 bytes, so at most 4 tokens")
+    assert not (tmp_path / "lake").exists()
