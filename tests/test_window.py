@@ -133,6 +133,18 @@ def test_corpus_files_come_with_their_sizes(tmp_path):
     }
 
 
+def test_the_tokenizer_trains_on_training_text_only_within_the_cap(tmp_path):
+    texts = {"a.txt": "aaaa\n" * 20, "b.txt": "bbbb\n" * 40, "c.txt": "cccc\n" * 20}
+    docs = []
+    for doc_id, (name, text) in enumerate(texts.items()):
+        (tmp_path / name).write_text(text)
+        boundary = 0 if name == "c.txt" else len(text) - 10  # c.txt: a validation file
+        docs.append(corpus.Document(doc_id, (tmp_path / name).as_uri(), len(text), len(text), boundary))
+    assert corpus.training_sample(docs, cap_bytes=10_000) == [texts["a.txt"][:90], texts["b.txt"][:190]]
+    # Over the cap: a prefix of each training part, in proportion to its size (90 : 190 bytes).
+    assert corpus.training_sample(docs, cap_bytes=56) == [texts["a.txt"][:18], texts["b.txt"][:38]]
+
+
 def test_pack_groups_consecutive_items_up_to_the_target():
     assert corpus.pack([5, 5, 5, 12, 1, 1, 9], lambda n: n, 10) == [[5, 5], [5], [12], [1, 1], [9]]
     assert corpus.pack([], lambda n: n, 10) == []

@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import posixpath
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from spark_jobs.lib import lake
@@ -243,17 +244,25 @@ def assess(
     return documents, skipped, warnings
 
 
+READ_THREADS = 16  # concurrent reads of the training sample: on S3 each file is a request
+
+
 def training_sample(documents: list[Document], cap_bytes: int) -> list[str]:
     """The tokenizer's training text: every document's training part when they hold at most
     cap_bytes together, else a prefix of each training part proportional to its size."""
     train_bytes = [doc.size * doc.boundary // doc.chars for doc in documents]
     total = sum(train_bytes)
-    texts = []
-    for doc, size in zip(documents, train_bytes):
-        # Under the cap: the whole file, cut at the boundary below. Over it: a proportional prefix.
-        length = doc.size if total <= cap_bytes else cap_bytes * size // total
-        if length <= 0 or doc.boundary == 0:
-            continue
+    # Under the cap: the whole file, cut at the boundary below. Over it: a proportional prefix.
+    wanted = [
+        (doc, doc.size if total <= cap_bytes else cap_bytes * size // total)
+        for doc, size in zip(documents, train_bytes)
+        if doc.boundary > 0
+    ]
+
+    def read(item: tuple[Document, int]) -> str:
+        doc, length = item
         text = codecs.getincrementaldecoder("utf-8")().decode(read_range(doc.path, 0, length), final=False)
-        texts.append(text[: doc.boundary])
-    return texts
+        return text[: doc.boundary]
+
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        return list(pool.map(read, [(doc, length) for doc, length in wanted if length > 0]))
