@@ -53,7 +53,8 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dic
         config = load_run_config(run)
         stale = [name for name in lake.clear_stage(run, stage) if name != stage]
         if stale:
-            print(f"NOTE [{stage}] {', '.join(stale)} read this stage's outputs: no longer complete", file=sys.stderr, flush=True)
+            note = f"NOTE [{stage}] {', '.join(stale)} read this stage's outputs: no longer complete"
+            print(note, file=sys.stderr, flush=True)
         spark = spark_session(stage)
         started = time.perf_counter()
         stats = body(spark, config, run)
