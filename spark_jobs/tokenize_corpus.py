@@ -137,6 +137,7 @@ def body(spark, config, run: str) -> dict:
         [WindowPiece(row["doc_id"], row["split"], row["piece"], row["n_tokens"], ()) for row in rows],
         config.data.block_size,
         config.data.stride,
+        bpe.separator_id(tokenizer) if config.data.pack_documents else None,
     )
     check_windows(counts, config.data.block_size, config.data.stride, {doc.doc_id: doc.path for doc in documents})
     splits = {

@@ -4,11 +4,14 @@ One Spark task per tokens/ part file, two passes: the first returns each row's l
 T tokens, from which the driver plans which windows start in which piece
 (spark_jobs.lib.windows.plan_windows); the second cuts the windows of its pieces, borrowing the
 few tokens a window needs from the following piece, and writes windows/part-NNNNN.parquet with
-pyarrow. Windows are cut per sequence (one file's train or validation part), `data.stride` tokens
-apart, so none crosses the train/validation boundary or a file boundary.
+pyarrow. Windows are cut per sequence, `data.stride` tokens apart, so none crosses the
+train/validation boundary. A sequence is one file's train or validation part, so no window crosses
+a file boundary either; with data.pack_documents it is the whole split, every file's part
+followed by <|endoftext|>, so windows run across files and short files are used whole.
 
-windows/ columns: split, doc_id, start (the window's first token in its sequence), idx (the
-window's number within its split: 0, 1, ... in (doc_id, start) order), ids (T + 1 token ids).
+windows/ columns: split, doc_id (the file of the piece the window starts in), start (the window's
+first token in its sequence), idx (the window's number within its split: 0, 1, ... in sequence
+order), ids (T + 1 token ids).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import sys
 import time
 
-from spark_jobs.lib import lake, parts
+from spark_jobs.lib import bpe, lake, parts
 from spark_jobs.lib.stage import run_stage
 from spark_jobs.lib.windows import SPLITS, Piece, check_windows, plan_windows
 
@@ -105,10 +108,14 @@ def body(spark, config, run: str) -> dict:
     started = time.perf_counter()
     files = parts.parquet_files(tokenize["outputs"]["tokens"])
     rows = sc.parallelize(files, len(files)).flatMap(read_heads(block_size)).collect()
+    separator = None
+    if config.data.pack_documents:
+        separator = bpe.separator_id(bpe.from_json(lake.read_text(tokenize["outputs"]["tokenizer"])))
     plans, counts = plan_windows(
         [Piece(doc_id, split, piece, n_tokens, head) for doc_id, _, split, piece, n_tokens, head in rows],
         block_size,
         stride,
+        separator,
     )
     paths = {row[0]: row[1] for row in rows}
     warnings = check_windows(counts, block_size, stride, paths)

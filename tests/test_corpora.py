@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs import tokenize_corpus, window
-from spark_jobs.lib import lake, parts
+from spark_jobs.lib import bpe, lake, parts
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.stage import run_stage
 from tests.conftest import new_run, small_config
@@ -156,3 +156,33 @@ def test_re_running_a_stage_clears_the_stages_that_read_it(spark, tmp_path, caps
     run_stage("tokenize", tokenize_corpus.body, ["--run-dir", run])
     assert lake.exists(lake.stats_uri(run, "tokenize")) and not lake.exists(lake.stats_uri(run, "window"))
     assert "NOTE [tokenize] window read this stage's outputs: no longer complete" in capsys.readouterr().err
+
+
+def test_packed_documents_use_files_shorter_than_a_window(spark, tmp_path, capsys, shakespeare):
+    # Lines of 10 to 32 characters, one per file: fewer tokens than a window of 33, whatever the merges.
+    lines = [line for line in shakespeare.read_text(encoding="utf-8").splitlines(keepends=True) if 10 <= len(line) <= 32]
+    folder = tmp_path / "short"
+    folder.mkdir()
+    for i, line in enumerate(lines[:200]):
+        (folder / f"line{i:03d}.txt").write_text(line, encoding="utf-8")
+    run, code = run_tokenize(small_config(tmp_path, folder / "*.txt"), "per-file")
+    line = error_line(capsys)
+    assert code == 2 and "is shorter than one window" in line and "data.pack_documents=true" in line
+
+    run, code = run_tokenize(small_config(tmp_path, folder / "*.txt", ["data.pack_documents=true"]), "packed")
+    assert code == 0
+    run_stage("window", window.body, ["--run-dir", run])
+    config = lake.read_json(lake.join(run, lake.CONFIG_FILE))
+    block_size, stride = config["data"]["block_size"], config["data"]["stride"]
+    separator = bpe.separator_id(bpe.from_json(lake.read_text(lake.join(run, "tokenizer", "tokenizer.json"))))
+    tokens = sorted(pq.read_table(lake.local_path(lake.join(run, "tokens"))).to_pylist(), key=lambda r: (r["doc_id"], r["piece"]))
+    windows = pq.read_table(lake.local_path(lake.join(run, "windows"))).to_pylist()
+    for split in ("train", "val"):
+        mine = [row for row in tokens if row["split"] == split]
+        stream = []  # the split's files in order, each followed by the separator
+        for doc_id in sorted({row["doc_id"] for row in mine}):
+            stream += [i for row in mine if row["doc_id"] == doc_id for i in row["ids"]] + [separator]
+        cut = sorted((w for w in windows if w["split"] == split), key=lambda w: w["idx"])
+        assert [w["start"] for w in cut] == list(range(0, len(stream) - block_size, stride))
+        assert all(w["ids"] == stream[w["start"] : w["start"] + block_size + 1] for w in cut)
+        assert any(separator in w["ids"][1:-1] for w in cut)  # windows run across files

@@ -10,7 +10,7 @@ import pytest
 
 from spark_jobs.lib import bpe, corpus
 from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.windows import Piece, check_windows, cut_windows, plan_windows, window_count, window_starts
+from spark_jobs.lib.windows import Piece, check_windows, covered_tokens, cut_windows, plan_windows, window_count, window_starts
 from spark_jobs.tokenize_corpus import encode_tasks
 
 
@@ -84,6 +84,38 @@ def test_windows_across_pieces_equal_windows_of_the_whole_sequence(block_size, s
         assert counts["splits"][split]["windows"] == sum(
             formula(len(ids), block_size, stride) for (d, s), ids in sequences.items() if s == split
         )
+
+
+@pytest.mark.parametrize("block_size, stride", [(4, 1), (4, 3), (4, 5), (8, 8), (2, 1)])
+def test_packed_windows_equal_windows_of_the_files_joined_by_the_separator(block_size, stride):
+    separator = 7777
+    rng = np.random.default_rng(block_size * 10 + stride)
+    streams, pieces_ids = {"train": [], "val": []}, {}
+    for doc_id in range(5):
+        for split in ("train", "val"):
+            ids = rng.integers(0, 1000, size=int(rng.integers(0, 9)))  # mostly shorter than a window
+            cuts = sorted(set(rng.integers(0, len(ids) + 1, size=3).tolist()) | {0, len(ids)})
+            for number, (begin, end) in enumerate(zip(cuts, cuts[1:])):
+                pieces_ids[(doc_id, split, number)] = ids[begin:end]
+            if len(ids):
+                streams[split] += ids.tolist() + [separator]
+    pieces = [Piece(d, s, p, len(ids), tuple(ids[:block_size].tolist())) for (d, s, p), ids in pieces_ids.items()]
+    plans, counts = plan_windows(pieces, block_size, stride, separator)
+
+    for split, stream in streams.items():
+        got = sorted(
+            (int(i), int(start), w.tolist())
+            for (doc_id, s, number), ids in pieces_ids.items() if s == split
+            for starts, indices, windows in [*plans[(doc_id, s, number)].windows(ids, block_size, stride, limit=2)]
+            for i, start, w in zip(indices, starts, windows)
+        )
+        starts = window_starts(len(stream), block_size, stride)
+        assert [row[0] for row in got] == list(range(len(starts)))
+        assert [(row[1], row[2]) for row in got] == [(int(k), stream[k : k + block_size + 1]) for k in starts]
+        assert counts["splits"][split] == {
+            "windows": len(starts), "tokens": len(stream), "sequences": 1,
+            "covered_tokens": covered_tokens(len(stream), block_size, stride),
+        }
 
 
 def test_windows_never_straddle_the_split_boundary():
@@ -222,7 +254,8 @@ def test_many_short_parts_make_one_warning_per_split():
     (warning,) = check_windows(counts, 8, 4, {i: f"/data/{i}.txt" for i in range(6)})
     assert warning == (
         "5 corpus files have a validation part of fewer tokens than one window (9): /data/1.txt (1), "
-        "/data/2.txt (2), /data/3.txt (3) and 2 more; their 15 tokens (3.6% of the val split) give no val window"
+        "/data/2.txt (2), /data/3.txt (3) and 2 more; their 15 tokens (3.6% of the val split) give no val window "
+        "(data.pack_documents=true would use them)"
     )
 
 
@@ -234,7 +267,8 @@ def test_windows_leaving_much_of_a_split_unused_are_warned_about():
     (warning,) = check_windows(counts, 8, 4, {i: f"/data/{i}.txt" for i in range(30)})
     assert warning == (
         "the val windows cover 80% of the val split's tokens: each file's tokens after its last window go unused, "
-        "and the files are short (median 12 tokens, windows of 9); a smaller data.stride or data.block_size uses more of them"
+        "and the files are short (median 12 tokens, windows of 9); a smaller data.stride or data.block_size, "
+        "or data.pack_documents=true, uses more of them"
     )
     # A stride longer than the window skips tokens on purpose: no warning.
     _, counts = plan_windows([Piece(0, "train", 0, 1000, ()), Piece(0, "val", 0, 1000, ())], block_size=8, stride=20)

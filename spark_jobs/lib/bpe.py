@@ -45,6 +45,11 @@ def train(texts: Iterable[str], vocab_size: int, min_frequency: int):
     return tokenizer
 
 
+def separator_id(tokenizer) -> int:
+    """The id of <|endoftext|>, which separates files in a packed split (data.pack_documents)."""
+    return tokenizer.token_to_id(SPECIAL_TOKENS[0])
+
+
 @functools.lru_cache(maxsize=2)
 def from_json(text: str):
     """A tokenizer from its JSON, built once per Python worker."""

@@ -78,6 +78,7 @@ class DataConfig(_Section):
     stride: int = Field(ge=1)
     val_fraction: float = Field(gt=0, lt=1)
     val_split: Literal["auto", "files", "tail"]
+    pack_documents: bool
     shards: int = Field(ge=1)
     bad_files: Literal["fail", "skip"]
 

@@ -20,7 +20,7 @@ INPUTS = {
 # goes, not what it makes.
 SETTINGS = {
     "tokenize": ("corpus", "tokenizer", "data.val_fraction", "data.val_split", "data.bad_files"),
-    "window": ("data.block_size", "data.stride"),
+    "window": ("data.block_size", "data.stride", "data.pack_documents"),
     "positional_embed": ("embedding",),
     "export": ("data.shards",),
     "train": ("model", "train"),

@@ -11,13 +11,14 @@ sequence into another, so none straddles the train/validation boundary or two fi
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from spark_jobs.lib.errors import PipelineError, name_some
 
 SPLITS = ("train", "val")
+PACKED = -1  # the doc_id of a split's one sequence when documents are packed
 
 
 def window_count(n_tokens: int, block_size: int, stride: int) -> int:
@@ -51,11 +52,12 @@ class PiecePlan:
     offset: int  # position of the piece's first token in its sequence
     index: int  # index of the piece's first window among all windows of its split
     tail: tuple[int, ...]  # the (up to block_size) tokens that follow the piece in its sequence
+    append: tuple[int, ...] = ()  # tokens the sequence has after the piece's own: the separator, when packed
 
     def windows(self, ids: np.ndarray, block_size: int, stride: int, limit: int | None = None):
         """(window starts in the sequence, window indices in the split, windows) of this piece's ids,
         at most `limit` windows at a time."""
-        sequence = np.concatenate([np.asarray(ids, dtype=np.int32), np.asarray(self.tail, dtype=np.int32)])
+        sequence = np.concatenate([np.asarray(ids, dtype=np.int32), np.asarray(self.append + self.tail, dtype=np.int32)])
         limit = limit or max(self.count, 1)
         for begin in range(0, self.count, limit):
             ks = np.arange(begin, min(begin + limit, self.count), dtype=np.int64)
@@ -74,18 +76,39 @@ class Piece:
     head: tuple[int, ...]  # its first block_size tokens (all of them when shorter)
 
 
-def plan_windows(pieces: list[Piece], block_size: int, stride: int) -> tuple[dict[tuple[int, str, int], PiecePlan], dict]:
+def with_separators(pieces: list[Piece], separator: int, block_size: int) -> tuple[list[Piece], set]:
+    """The pieces as a packed split sees them: the last piece of each file's part of a split is one
+    token (the separator) longer. Returns them and the keys of the pieces that end a part."""
+    last: dict[tuple[int, str], int] = {}
+    for item in pieces:
+        last[(item.doc_id, item.split)] = max(item.piece, last.get((item.doc_id, item.split), item.piece))
+    ends = {(doc_id, split, piece) for (doc_id, split), piece in last.items()}
+    return [
+        replace(item, n_tokens=item.n_tokens + 1, head=(item.head + (separator,))[:block_size])
+        if (item.doc_id, item.split, item.piece) in ends else item
+        for item in pieces
+    ], ends
+
+
+def plan_windows(
+    pieces: list[Piece], block_size: int, stride: int, separator: int | None = None
+) -> tuple[dict[tuple[int, str, int], PiecePlan], dict]:
     """Which windows each piece produces, and the counts: ({(doc_id, split, piece): PiecePlan},
-    {"splits": {split: {"windows", "tokens", "covered_tokens", "sequences"}}, "sequences": [{doc_id, split, tokens, windows}]})."""
+    {"splits": {split: {"windows", "tokens", "covered_tokens", "sequences"}}, "sequences": [{doc_id, split, tokens, windows}]}).
+    A sequence is one file's part of a split; with a `separator` token (data.pack_documents) it is
+    the whole split, every file's part followed by the separator (doc_id PACKED)."""
+    ends: set = set()
+    if separator is not None:
+        pieces, ends = with_separators(pieces, separator, block_size)
     by_sequence: dict[tuple[int, str], list[Piece]] = defaultdict(list)
     for item in pieces:
-        by_sequence[(item.doc_id, item.split)].append(item)
+        by_sequence[(item.doc_id if separator is None else PACKED, item.split)].append(item)
     plans: dict[tuple[int, str, int], PiecePlan] = {}
     next_index = dict.fromkeys(SPLITS, 0)
     totals = {split: {"windows": 0, "tokens": 0, "covered_tokens": 0, "sequences": 0} for split in SPLITS}
     sequences = []
     for doc_id, split in sorted(by_sequence, key=lambda key: (key[1], key[0])):
-        ordered = sorted(by_sequence[(doc_id, split)], key=lambda item: item.piece)
+        ordered = sorted(by_sequence[(doc_id, split)], key=lambda item: (item.doc_id, item.piece))
         n_total = sum(item.n_tokens for item in ordered)
         n_windows = window_count(n_total, block_size, stride)
         offset = 0
@@ -98,12 +121,14 @@ def plan_windows(pieces: list[Piece], block_size: int, stride: int) -> tuple[dic
                 if len(tail) >= block_size:
                     break
                 tail.extend(following.head[: block_size - len(tail)])
-            plans[(doc_id, split, item.piece)] = PiecePlan(
+            key = (item.doc_id, split, item.piece)
+            plans[key] = PiecePlan(
                 first=first_k * stride - offset,
                 count=count,
                 offset=offset,
                 index=next_index[split] + first_k if count else next_index[split],
                 tail=tuple(tail) if count else (),
+                append=(separator,) if key in ends else (),
             )
             offset += item.n_tokens
         next_index[split] += n_windows
@@ -127,17 +152,19 @@ def check_windows(counts: dict, block_size: int, stride: int, paths: dict[int, s
         if counts["splits"].get(split, {}).get("windows", 0) == 0:
             parts = [seq for seq in counts["sequences"] if seq["split"] == split]
             longest = max(parts, key=lambda seq: seq["tokens"], default=None)
-            if longest is None:
+            if longest is None or longest["doc_id"] == PACKED:
                 where = "corpus"
             elif len(paths) == 1:
                 where = f"corpus file {paths[longest['doc_id']]}"
             else:
                 where = f"corpus ({len(paths)} files; longest {PART_NAMES[split]}: {paths[longest['doc_id']]})"
             have = longest["tokens"] if longest else 0
+            remedies = ["more text", "a smaller data.block_size"]
+            remedies += ["a larger data.val_fraction"] if split == "val" else []
+            remedies += ["data.pack_documents=true (windows across files)"] if len(paths) > 1 and where != "corpus" else []
             raise PipelineError(
                 f"{where} is shorter than one window: its {PART_NAMES[split]} has {have} tokens and a window needs "
-                f"data.block_size + 1 = {needed}; use more text, a smaller data.block_size"
-                + (" or a larger data.val_fraction" if split == "val" else "")
+                f"data.block_size + 1 = {needed}; use {', '.join(remedies[:-1])} or {remedies[-1]}"
             )
     warnings = [
         short_parts_warning(split, short, counts["splits"][split]["tokens"], needed, paths)
@@ -160,7 +187,8 @@ def coverage_warnings(counts: dict, block_size: int, stride: int) -> list[str]:
             warnings.append(
                 f"the {split} windows cover {share:.0%} of the {split} split's tokens: each file's tokens after its "
                 f"last window go unused, and the files are short (median {lengths[len(lengths) // 2]:,} tokens, "
-                f"windows of {block_size + 1}); a smaller data.stride or data.block_size uses more of them"
+                f"windows of {block_size + 1}); a smaller data.stride or data.block_size, or data.pack_documents=true, "
+                "uses more of them"
             )
     return warnings
 
@@ -179,5 +207,6 @@ def short_parts_warning(split: str, short: list[dict], split_tokens: int, needed
     lost = sum(seq["tokens"] for seq in short)
     return (
         f"{len(short)} corpus files have a {part} of fewer tokens than one window ({needed}): {listed}; "
-        f"their {lost:,} tokens ({lost / split_tokens:.1%} of the {split} split) give no {split} window"
+        f"their {lost:,} tokens ({lost / split_tokens:.1%} of the {split} split) give no {split} window "
+        "(data.pack_documents=true would use them)"
     )
