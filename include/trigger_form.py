@@ -21,6 +21,10 @@ FIELDS: dict[str, tuple[str, str]] = {
     "vocab_size": ("tokenizer.vocab_size", "Byte-level BPE vocabulary size"),
     "block_size": ("data.block_size", "T: tokens the model sees at once"),
     "stride": ("data.stride", "Step between window starts"),
+    "pack_documents": (
+        "data.pack_documents",
+        "Windows across files, each followed by <|endoftext|>: for documents shorter than a window",
+    ),
     "embedding_dim": ("embedding.dim", "Width of the token and position embeddings (the model's width)"),
     "n_layer": ("model.n_layer", "Transformer blocks"),
     "n_head": ("model.n_head", "Attention heads per block; must divide embedding_dim"),
