@@ -124,7 +124,7 @@ def body(spark, config, run: str) -> dict:
                 lake.write_bytes(lake.join(staging, shard_name(split, shard)), b"")
         splits[split] = {
             "windows": expected,
-            "tokens": tokenize["splits"][split]["tokens"],
+            "tokens": window["splits"][split]["tokens"],  # with the separators when packed: all predicted
             "chars": tokenize["splits"][split]["chars"],
             "shards": [shard_name(split, shard) for shard in range(shards)],
             "shard_windows": counts,

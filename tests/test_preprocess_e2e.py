@@ -142,7 +142,8 @@ def test_tfrecords_hold_the_windows_and_match_the_manifest(preprocessed):
     }
     for split in ("train", "val"):
         info = manifest["splits"][split]
-        assert info["tokens"] == tokenize["splits"][split]["tokens"]
+        window_stats = lake.read_json(lake.stats_uri(run, "window"))
+        assert info["tokens"] == window_stats["splits"][split]["tokens"] == tokenize["splits"][split]["tokens"]
         assert info["chars"] == tokenize["splits"][split]["chars"]
         assert info["shards"] == [f"{split}/part-{i:05d}.tfrecord" for i in range(shards)]
         by_idx = {w["idx"]: w["ids"] for w in windows if w["split"] == split}
