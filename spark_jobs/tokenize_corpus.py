@@ -20,20 +20,15 @@ standard library's `tokenize` module.
 
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np
 
 from spark_jobs.lib import bpe, corpus, lake, parts
-from spark_jobs.lib.stage import run_stage
+from spark_jobs.lib.stage import run_stage, warn
 from spark_jobs.lib.windows import SPLITS, Piece as WindowPiece, check_windows, plan_windows
 
 STAGE = "tokenize"
-
-
-def warn(message: str) -> None:
-    print(f"WARNING [{STAGE}] {message}", file=sys.stderr, flush=True)
 
 
 def encode_tasks(pieces: list[corpus.Piece], scans: list[corpus.Scan], documents: list[corpus.Document]) -> list[tuple]:
@@ -111,7 +106,7 @@ def body(spark, config, run: str) -> dict:
     documents, skipped, warnings = corpus.assess(files, scans, bad_files=config.data.bad_files)
     documents, val_split = corpus.split_validation(documents, config.data.val_fraction, config.data.val_split)
     for message in warnings:
-        warn(message)
+        warn(STAGE, message)
     timings["scan_s"] = time.perf_counter() - started
 
     started = time.perf_counter()

@@ -16,11 +16,10 @@ order), ids (T + 1 token ids).
 
 from __future__ import annotations
 
-import sys
 import time
 
 from spark_jobs.lib import bpe, lake, parts
-from spark_jobs.lib.stage import run_stage
+from spark_jobs.lib.stage import run_stage, warn
 from spark_jobs.lib.windows import SPLITS, Piece, check_windows, plan_windows
 
 STAGE = "window"
@@ -120,7 +119,7 @@ def body(spark, config, run: str) -> dict:
     paths = {row[0]: row[1] for row in rows}
     warnings = check_windows(counts, block_size, stride, paths)
     for message in warnings:
-        print(f"WARNING [{STAGE}] {message}", file=sys.stderr, flush=True)
+        warn(STAGE, message)
 
     timings = {"plan_s": time.perf_counter() - started}
 

@@ -253,10 +253,8 @@ def training_sample(documents: list[Document], cap_bytes: int) -> list[str]:
     train_bytes = [doc.size * doc.boundary // doc.chars for doc in documents]
     total = sum(train_bytes)
     # Under the cap: the whole file, cut at the boundary below. Over it: a proportional prefix.
-    wanted = [
-        (doc, doc.size if total <= cap_bytes else cap_bytes * size // total)
-        for doc, size in zip(documents, train_bytes)
-        if doc.boundary > 0
+    lengths = [
+        (doc, doc.size if total <= cap_bytes else cap_bytes * size // total) for doc, size in zip(documents, train_bytes)
     ]
 
     def read(item: tuple[Document, int]) -> str:
@@ -265,4 +263,4 @@ def training_sample(documents: list[Document], cap_bytes: int) -> list[str]:
         return text[: doc.boundary]
 
     with ThreadPoolExecutor(READ_THREADS) as pool:
-        return list(pool.map(read, [(doc, length) for doc, length in wanted if length > 0]))
+        return list(pool.map(read, [(doc, length) for doc, length in lengths if length > 0 and doc.boundary > 0]))

@@ -71,6 +71,11 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dic
     return stats
 
 
+def warn(stage: str, message: str) -> None:
+    """A stage's warning line on stderr (stages also keep their warnings in their stats)."""
+    print(f"WARNING [{stage}] {message}", file=sys.stderr, flush=True)
+
+
 def brief(stats: dict, where: str, longest: int = 10) -> dict:
     """The stats for the log line: a list longer than `longest` (one entry per corpus file, say)
     is only counted there; the stats file holds it all."""

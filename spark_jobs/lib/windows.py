@@ -152,7 +152,8 @@ def check_windows(counts: dict, block_size: int, stride: int, paths: dict[int, s
         if counts["splits"].get(split, {}).get("windows", 0) == 0:
             parts = [seq for seq in counts["sequences"] if seq["split"] == split]
             longest = max(parts, key=lambda seq: seq["tokens"], default=None)
-            if longest is None or longest["doc_id"] == PACKED:
+            packed = longest is not None and longest["doc_id"] == PACKED
+            if longest is None or packed:
                 where = "corpus"
             elif len(paths) == 1:
                 where = f"corpus file {paths[longest['doc_id']]}"
@@ -161,7 +162,7 @@ def check_windows(counts: dict, block_size: int, stride: int, paths: dict[int, s
             have = longest["tokens"] if longest else 0
             remedies = ["more text", "a smaller data.block_size"]
             remedies += ["a larger data.val_fraction"] if split == "val" else []
-            remedies += ["data.pack_documents=true (windows across files)"] if len(paths) > 1 and where != "corpus" else []
+            remedies += ["data.pack_documents=true (windows across files)"] if len(paths) > 1 and longest and not packed else []
             raise PipelineError(
                 f"{where} is shorter than one window: its {PART_NAMES[split]} has {have} tokens and a window needs "
                 f"data.block_size + 1 = {needed}; use {', '.join(remedies[:-1])} or {remedies[-1]}"
