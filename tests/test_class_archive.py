@@ -1,0 +1,58 @@
+"""The local Spark JVMs' class-data-sharing archives, with the real spark-submit and JVM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from include import class_archive
+from include.local_runner import spark_env
+
+SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
+
+
+def spark_submit(args: list[str], jvm_options: tuple[str, ...]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [SPARK_SUBMIT, *args], env=spark_env(jvm_options), capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_recorded_archive_is_mapped_by_the_next_jvm(tmp_path):
+    with class_archive.sharing("probe", tmp_path) as options:
+        assert options[0].startswith("-XX:ArchiveClassesAtExit=")
+        assert spark_submit(["--version"], options).returncode == 0
+    archives = list(tmp_path.iterdir())
+    assert [archive.suffix for archive in archives] == [".jsa"], archives  # no recording left behind
+    assert archives[0].stat().st_size > 1_000_000
+
+    with class_archive.sharing("probe", tmp_path) as options:
+        assert options == (f"-XX:SharedArchiveFile={archives[0]}",)
+        used = spark_submit(["--version"], (*options, "-Xlog:class+load=info"))
+    assert used.returncode == 0, used.stderr
+    # Spark's own classes now come from the archive, not from its jars.
+    assert "org.apache.spark.deploy.SparkSubmit source: shared objects file (top)" in used.stdout
+
+
+def test_a_failed_run_leaves_no_archive(tmp_path):
+    with pytest.raises(RuntimeError, match="exit code"):
+        with class_archive.sharing("probe", tmp_path) as options:
+            failed = spark_submit([str(tmp_path / "no-such-app.py")], options)
+            raise RuntimeError(f"exit code {failed.returncode}")
+    assert failed.returncode != 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_each_stage_and_each_build_has_its_own_archive(tmp_path, monkeypatch):
+    tokenize, window = class_archive.archive_path("tokenize", tmp_path), class_archive.archive_path("window", tmp_path)
+    assert tokenize != window and tokenize.parent == tmp_path
+    monkeypatch.setattr("pyspark.__version__", "0.0.0")
+    assert class_archive.archive_path("tokenize", tmp_path) != tokenize
+
+
+def test_no_archive_where_the_folder_cannot_be_made(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    with class_archive.sharing("probe", tmp_path / "a-file" / "archives") as options:
+        assert options == ()
