@@ -39,10 +39,18 @@ def spark_session(stage: str):
 def stop_spark(spark) -> None:
     """Stop Spark so that spark-submit exits. Spark 3.5 runs barrier() calls on a non-daemon
     java.util.Timer that nothing cancels; locally the barrier tasks run in the driver's JVM, so
-    that timer alone would keep spark-submit running after a barrier stage."""
-    barrier = getattr(getattr(spark.sparkContext._jvm.org.apache.spark, "BarrierTaskContext$"), "MODULE$")
+    that timer alone would keep spark-submit running after a barrier stage.
+
+    pyspark's stop() would also wait for its accumulator server, whose handler notices a shutdown
+    only when its 1-second poll times out: about a second per stage. That server runs on a daemon
+    thread that ends with this process, which ends next, so it is only told to stop."""
+    context = spark.sparkContext
+    barrier = getattr(getattr(context._jvm.org.apache.spark, "BarrierTaskContext$"), "MODULE$")
     getattr(barrier, "org$apache$spark$BarrierTaskContext$$timer")().cancel()
+    accumulator_server, context._accumulatorServer = context._accumulatorServer, None
     spark.stop()
+    if accumulator_server is not None:
+        accumulator_server.server_shutdown = True
 
 
 def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dict:
@@ -58,8 +66,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dic
         spark = spark_session(stage)
         started = time.perf_counter()
         stats = body(spark, config, run)
-        # The stage's own work; stopping Spark (about 1 s, mostly pyspark's accumulator server
-        # noticing the shutdown) is teardown, like start-up.
+        # The stage's own work; stopping Spark is teardown, like start-up.
         stats["duration_s"] = round(time.perf_counter() - started, 3)
         stats["stage"] = stage
         stop_spark(spark)
