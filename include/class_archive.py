@@ -1,6 +1,6 @@
 """Class-data-sharing archives for the local Spark JVMs: about 2 s less per spark-submit.
 
-A Spark application's JVM spends seconds loading and verifying the same ~20,000 classes every
+A Spark application's JVM spends seconds loading and verifying the same ~10,000 classes every
 time (Spark core, Spark SQL, Parquet, MLlib), first at start-up and again at its first query.
 Java's dynamic CDS keeps them, already parsed and verified, in an archive that later JVMs map
 from disk. Each stage gets its own archive (the classes it loads), recorded the first time the
