@@ -7,7 +7,8 @@ from disk. Each stage gets its own archive (the classes it loads), recorded the 
 stage runs (-XX:ArchiveClassesAtExit, a few seconds more that once) and used from then on
 (-XX:SharedArchiveFile). An archive fits one JDK build and one Spark: it is named after both, so
 a new JDK or pyspark records a new one. One that does not fit anyway (a JVM checks) is ignored by
-the JVM with a warning, never an error. Local target only: on EMR every cluster is new.
+the JVM with a warning; one cut short would crash it, so the name also carries the size.
+Local target only: on EMR every cluster is new.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 # In the virtual environment, so that rebuilding it (a new pyspark) starts afresh.
 ARCHIVE_DIR = Path(sys.prefix) / "spark-class-archives"
+MIN_FREE_BYTES = 1 << 30  # an archive takes 60-160 MB
 
 
 def java_binary() -> Path | None:
@@ -31,8 +33,9 @@ def java_binary() -> Path | None:
     return Path(found).resolve() if found and Path(found).exists() else None
 
 
-def archive_path(stage: str, folder: Path = ARCHIVE_DIR) -> Path | None:
-    """The stage's archive for this JDK build and this pyspark; None when java cannot be found."""
+def archive_prefix(stage: str, folder: Path = ARCHIVE_DIR) -> Path | None:
+    """Where the stage's archive for this JDK build and this pyspark goes, without its size and
+    suffix; None when java cannot be found."""
     import pyspark
 
     java = java_binary()
@@ -40,7 +43,28 @@ def archive_path(stage: str, folder: Path = ARCHIVE_DIR) -> Path | None:
         return None
     libjvm = next(java.parent.parent.glob("lib/server/libjvm.so"), java)
     build = f"{java}:{libjvm.stat().st_size}:{libjvm.stat().st_mtime_ns}:{pyspark.__version__}"
-    return folder / f"{stage}-{hashlib.sha256(build.encode()).hexdigest()[:12]}.jsa"
+    return folder / f"{stage}-{hashlib.sha256(build.encode()).hexdigest()[:12]}"
+
+
+def recorded_archive(prefix: Path) -> Path | None:
+    """The archive recorded under `prefix`, if whole. Its name carries the size it was recorded
+    with: a JVM that maps a truncated archive crashes (SIGBUS) instead of ignoring it, so one of
+    another size is deleted and recorded again."""
+    for path in prefix.parent.glob(f"{prefix.name}-*.jsa"):
+        if path.name == f"{prefix.name}-{path.stat().st_size}.jsa":
+            return path
+        path.unlink(missing_ok=True)
+    return None
+
+
+def can_record(folder: Path) -> bool:
+    """A writable folder with room: a JVM that cannot write its whole archive exits with an error,
+    which would fail a stage that had done its work."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return os.access(folder, os.W_OK) and shutil.disk_usage(folder).free >= MIN_FREE_BYTES
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
@@ -50,26 +74,20 @@ def sharing(stage: str, folder: Path = ARCHIVE_DIR) -> Iterator[tuple[str, ...]]
     A recording is written under a name of its own and takes the archive's name only once the
     run has succeeded, so concurrent runs never share a half-written file.
     """
-    archive = archive_path(stage, folder)
-    if archive is None:
-        yield ()
-        return
-    if archive.exists():
+    prefix = archive_prefix(stage, folder)
+    archive = recorded_archive(prefix) if prefix is not None and folder.is_dir() else None
+    if archive is not None:
         yield (f"-XX:SharedArchiveFile={archive}",)
         return
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        pass
-    if not os.access(folder, os.W_OK):  # e.g. a read-only environment: run without an archive
+    if prefix is None or not can_record(folder):  # e.g. a read-only environment: no archive
         yield ()
         return
-    recording = archive.with_suffix(f".{os.getpid()}.recording")
+    recording = prefix.with_name(f"{prefix.name}.{os.getpid()}.recording")
     print(f"{stage}: recording its JVM class archive (once, a few seconds) in {folder}", flush=True)
     try:
         # cds=off: the recording JVM lists every class it cannot archive (signed jars, ...) as a warning.
         yield (f"-XX:ArchiveClassesAtExit={recording}", "-Xlog:cds=off")
         if recording.exists():
-            os.replace(recording, archive)
+            os.replace(recording, prefix.with_name(f"{prefix.name}-{recording.stat().st_size}.jsa"))
     finally:
         recording.unlink(missing_ok=True)

@@ -45,14 +45,32 @@ def test_a_failed_run_leaves_no_archive(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_truncated_archive_is_recorded_again(tmp_path):
+    with class_archive.sharing("probe", tmp_path) as options:
+        assert spark_submit(["--version"], options).returncode == 0
+    [archive] = tmp_path.iterdir()
+    archive.write_bytes(archive.read_bytes()[:1_000_000])  # a JVM mapping this would crash
+    with class_archive.sharing("probe", tmp_path) as options:
+        assert options[0].startswith("-XX:ArchiveClassesAtExit=")
+        assert spark_submit(["--version"], options).returncode == 0
+    [archive] = tmp_path.iterdir()
+    assert archive.name.endswith(f"-{archive.stat().st_size}.jsa")
+
+
 def test_each_stage_and_each_build_has_its_own_archive(tmp_path, monkeypatch):
-    tokenize, window = class_archive.archive_path("tokenize", tmp_path), class_archive.archive_path("window", tmp_path)
-    assert tokenize != window and tokenize.parent == tmp_path
+    tokenize = class_archive.archive_prefix("tokenize", tmp_path)
+    assert tokenize != class_archive.archive_prefix("window", tmp_path) and tokenize.parent == tmp_path
     monkeypatch.setattr("pyspark.__version__", "0.0.0")
-    assert class_archive.archive_path("tokenize", tmp_path) != tokenize
+    assert class_archive.archive_prefix("tokenize", tmp_path) != tokenize
 
 
 def test_no_archive_where_the_folder_cannot_be_made(tmp_path):
     (tmp_path / "a-file").write_text("")
     with class_archive.sharing("probe", tmp_path / "a-file" / "archives") as options:
+        assert options == ()
+
+
+def test_no_recording_without_room_for_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(class_archive, "MIN_FREE_BYTES", class_archive.shutil.disk_usage(tmp_path).free * 2)
+    with class_archive.sharing("probe", tmp_path) as options:
         assert options == ()
