@@ -88,6 +88,10 @@ def sharing(stage: str, folder: Path = ARCHIVE_DIR) -> Iterator[tuple[str, ...]]
         # cds=off: the recording JVM lists every class it cannot archive (signed jars, ...) as a warning.
         yield (f"-XX:ArchiveClassesAtExit={recording}", "-Xlog:cds=off")
         if recording.exists():
-            os.replace(recording, prefix.with_name(f"{prefix.name}-{recording.stat().st_size}.jsa"))
+            archive = prefix.with_name(f"{prefix.name}-{recording.stat().st_size}.jsa")
+            os.replace(recording, archive)
+            for other_build in folder.glob(f"{stage}-*.jsa"):  # an older JDK or pyspark's
+                if not other_build.name.startswith(f"{prefix.name}-"):
+                    other_build.unlink(missing_ok=True)
     finally:
         recording.unlink(missing_ok=True)

@@ -64,6 +64,18 @@ def test_each_stage_and_each_build_has_its_own_archive(tmp_path, monkeypatch):
     assert class_archive.archive_prefix("tokenize", tmp_path) != tokenize
 
 
+def test_recording_for_a_new_build_removes_the_old_builds_archive(tmp_path, monkeypatch):
+    with class_archive.sharing("probe", tmp_path) as options:
+        assert spark_submit(["--version"], options).returncode == 0
+    [old_build] = tmp_path.iterdir()
+    monkeypatch.setattr("pyspark.__version__", "0.0.0")  # as after a pyspark upgrade
+    with class_archive.sharing("probe", tmp_path) as options:
+        assert options[0].startswith("-XX:ArchiveClassesAtExit=")
+        assert spark_submit(["--version"], options).returncode == 0
+    [new_build] = tmp_path.iterdir()
+    assert new_build.name != old_build.name
+
+
 def test_no_archive_where_the_folder_cannot_be_made(tmp_path):
     (tmp_path / "a-file").write_text("")
     with class_archive.sharing("probe", tmp_path / "a-file" / "archives") as options:
