@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from include import class_archive  # noqa: E402
 from include.local_runner import run_stage  # noqa: E402
 from include.spark_submit import package_code  # noqa: E402
 from spark_jobs.lib import bpe, lake  # noqa: E402
@@ -172,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted(float(size) for size in args.mb.split(","))
     cores = os.cpu_count() or 2  # the local runner's local[N]; the tokenizer gets as many threads
     load_before = os.getloadavg()[0]  # other work on the machine skews every figure
+    unrecorded = [stage for stage in STAGES if class_archive.stage_archive(stage) is None]
     if args.files < 1:
         parser.error("--files must be at least 1")
     results = [measure(size, args.files, args.overrides, cores, args.repeats, args.keep) for size in sizes]
@@ -182,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(results) > 1:
         report_marginal(results[0], results[-1])
     print(f"load average (1 min) before the run {load_before:.1f}, after {os.getloadavg()[0]:.1f}, on {cores} cores")
+    if unrecorded:
+        print(f"JVM class archives recorded during this run for {', '.join(unrecorded)}: "
+              "the first size's figures include the recording; run again for the usual ones")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0

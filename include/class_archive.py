@@ -57,6 +57,12 @@ def recorded_archive(prefix: Path) -> Path | None:
     return None
 
 
+def stage_archive(stage: str, folder: Path = ARCHIVE_DIR) -> Path | None:
+    """The stage's whole archive for this JDK and pyspark, if it has been recorded."""
+    prefix = archive_prefix(stage, folder)
+    return recorded_archive(prefix) if prefix is not None and folder.is_dir() else None
+
+
 def can_record(folder: Path) -> bool:
     """A writable folder with room: a JVM that cannot write its whole archive exits with an error,
     which would fail a stage that had done its work."""
@@ -74,11 +80,11 @@ def sharing(stage: str, folder: Path = ARCHIVE_DIR) -> Iterator[tuple[str, ...]]
     A recording is written under a name of its own and takes the archive's name only once the
     run has succeeded, so concurrent runs never share a half-written file.
     """
-    prefix = archive_prefix(stage, folder)
-    archive = recorded_archive(prefix) if prefix is not None and folder.is_dir() else None
+    archive = stage_archive(stage, folder)
     if archive is not None:
         yield (f"-XX:SharedArchiveFile={archive}",)
         return
+    prefix = archive_prefix(stage, folder)
     if prefix is None or not can_record(folder):  # e.g. a read-only environment: no archive
         yield ()
         return
