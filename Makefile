@@ -13,7 +13,9 @@ ARGS ?=
 
 $(BIN)/.installed: requirements.txt
 	@command -v java >/dev/null || { echo "Java (17) is required for Spark: apt-get install -y openjdk-17-jre-headless"; exit 1; }
-	$(PYTHON) -m venv $(VENV)
+	# --clear: a changed requirements.txt gets a new environment holding exactly its pins, so a
+	# package dropped or renamed (tensorflow -> tensorflow-cpu) does not linger beside its successor.
+	$(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from spark_jobs.lib import tfrecord
 from spark_jobs.lib.embeddings import sinusoidal
-
-tf = pytest.importorskip("tensorflow")
 
 
 def tf_example(window: np.ndarray):
