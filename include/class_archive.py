@@ -60,7 +60,7 @@ def recorded_archive(prefix: Path) -> Path | None:
 def stage_archive(stage: str, folder: Path = ARCHIVE_DIR) -> Path | None:
     """The stage's whole archive for this JDK and pyspark, if it has been recorded."""
     prefix = archive_prefix(stage, folder)
-    return recorded_archive(prefix) if prefix is not None and folder.is_dir() else None
+    return None if prefix is None else recorded_archive(prefix)
 
 
 def can_record(folder: Path) -> bool:
@@ -84,7 +84,7 @@ def sharing(stage: str, folder: Path = ARCHIVE_DIR) -> Iterator[tuple[str, ...]]
     if archive is not None:
         yield (f"-XX:SharedArchiveFile={archive}",)
         return
-    prefix = archive_prefix(stage, folder)
+    prefix = archive_prefix(stage, folder)  # again only on the one run that records
     if prefix is None or not can_record(folder):  # e.g. a read-only environment: no archive
         yield ()
         return

@@ -40,6 +40,7 @@ def test_a_failed_run_leaves_no_archive(tmp_path):
     with pytest.raises(RuntimeError, match="exit code"):
         with class_archive.sharing("probe", tmp_path) as options:
             failed = spark_submit([str(tmp_path / "no-such-app.py")], options)
+            assert list(tmp_path.glob("*.recording"))  # the JVM did write one
             raise RuntimeError(f"exit code {failed.returncode}")
     assert failed.returncode != 0
     assert list(tmp_path.iterdir()) == []
