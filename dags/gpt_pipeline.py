@@ -1,15 +1,18 @@
 """
 ### gpt_pipeline: train a GPT-style language model from raw text
 
-validate_config → tokenize → window → positional_embed → export → train → generate → collect
+validate_config → tokenize → window → positional_embed → export → train → generate → collect → promote
 
 With `target: emr` in pipeline.yaml each stage is an EMR step on a cluster made for the run:
-validate_config → create_cluster → {stage}_step → {stage}_wait … → collect → terminate_cluster
+validate_config → create_cluster → {stage}_step → {stage}_wait … → collect → promote, terminate_cluster
 
 Each stage is a Spark application run with spark-submit (include/spark_submit.py builds the
 command for every target); stages talk only through the run folder `{lake}/runs/{run}/`.
 `collect` copies the resolved config, stats, model and samples to
 `s3://{s3.bucket}/{s3.prefix}/{run}/` with a short report, through the `aws_default` connection.
+`promote` points `s3://{s3.bucket}/{s3.prefix}/latest/{run_name}.json` at the new model (with
+`s3.promote: if_better`, only when its validation loss per character is no higher) and then updates
+the `gpt_pipeline_model` asset, which DAGs that use the model can be scheduled on.
 
 Defaults come from include/config/pipeline.yaml; the trigger form changes them for one run and
 the first task validates the result with the config model. Runs start by hand, on the
@@ -33,10 +36,10 @@ from airflow.sdk import (
     get_current_context,
     task,
 )
-from airflow.sdk.exceptions import AirflowFailException, AirflowTimetableInvalid
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, AirflowTimetableInvalid
 
 from include import emr, emr_tasks, local_runner, trigger_form
-from include.collect import AWS_CONN_ID, collect_record
+from include.collect import AWS_CONN_ID, LATEST_FOLDER, collect_record, promote_record
 from include.spark_submit import STAGES, package_code
 from spark_jobs.lib import corpus, lake
 from spark_jobs.lib.config import ConfigError, PipelineConfig, defaults_path, load_config, read_yaml
@@ -48,6 +51,10 @@ log = logging.getLogger(__name__)
 DAG_ID = "gpt_pipeline"
 CONFIG_PATH = defaults_path()  # include/config/pipeline.yaml unless GPT_PIPELINE_CONFIG names another
 CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form's values
+# Updated when a run's model becomes latest; the event's extra names the run, its model and the pointer.
+MODEL_ASSET = Asset(
+    name="gpt_pipeline_model", uri=f"s3://{CONFIG.s3.bucket}/{CONFIG.s3.prefix.strip('/')}/{LATEST_FOLDER}/"
+)
 
 
 def retraining_schedule(config: PipelineConfig):
@@ -127,6 +134,20 @@ def collect(run_dir: str) -> dict:
     return report
 
 
+@task(outlets=[MODEL_ASSET])
+def promote(report: dict) -> dict:
+    """Point latest/{run_name}.json at this run's model and update the model asset; skipped, with
+    no asset event, when s3.promote is if_better and the model latest points at is better."""
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    decision = promote_record(report["s3_uri"], S3Hook(aws_conn_id=AWS_CONN_ID))
+    if not decision["promoted"]:
+        raise AirflowSkipException(f"{decision['latest']} still points at {decision['pointer']['run']}: {decision['reason']}")
+    log.info("%s now points at %s: %s", decision["latest"], decision["pointer"]["model"], decision["reason"])
+    get_current_context()["outlet_events"][MODEL_ASSET].extra = decision
+    return decision
+
+
 with DAG(
     dag_id=DAG_ID,
     description="Train a GPT-style model: Spark preprocessing, multi-worker TensorFlow, record to S3",
@@ -147,10 +168,14 @@ with DAG(
     if CONFIG.target == "local":
         run_dir = validate_config()
         stages = [run_local_stage.override(task_id=stage)(stage, run_dir) for stage in STAGES]
-        chain(run_dir, *stages, collect(run_dir))
+        report = collect(run_dir)
+        chain(run_dir, *stages, report)
+        promote(report)
     else:
         # create_cluster -> {stage}_step -> {stage}_wait ... -> collect -> terminate_cluster (a
         # teardown: it runs whatever happened, and a failed step still fails the run).
         prepared = validate_config_for_emr()
         create, last_wait, terminate = emr_tasks.cluster_tasks(CONFIG, prepared)
-        last_wait >> collect(prepared["run_dir"]) >> terminate
+        report = collect(prepared["run_dir"])
+        last_wait >> report >> terminate
+        promote(report)

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from include.collect import REPORT_JSON
+from include.collect import REPORT_JSON, latest_key
 from include.local_s3 import LocalS3
 from spark_jobs.lib.config import REPO_ROOT, PipelineConfig, load_config
 from spark_jobs.lib.errors import PipelineError
@@ -82,9 +82,17 @@ def read_report(s3: LocalS3, config: PipelineConfig) -> dict:
     return json.loads(client.get_object(Bucket=config.s3.bucket, Key=reports[0])["Body"].read())
 
 
-def print_report(report: dict) -> None:
+def latest_pointer(s3: LocalS3, config: PipelineConfig) -> tuple[str, dict]:
+    """The URI and content of the run name's latest pointer, which promote wrote."""
+    key = latest_key(config)
+    body = s3.client().get_object(Bucket=config.s3.bucket, Key=key)["Body"].read()
+    return f"s3://{config.s3.bucket}/{key}", json.loads(body)
+
+
+def print_report(report: dict, pointer_uri: str, pointer: dict) -> None:
     print(f"\nrun folder:       {report['run_folder']}")
     print(f"S3 record:        {report['s3_uri']} (served by the moto server, gone when this command ends)")
+    print(f"latest model:     {pointer_uri} -> {pointer['model']}")
     print(f"final val loss:   {report['final_val_loss']} nats/token")
     print(f"val nats/char:    {report['val_nats_per_char']}")
     for message in report["warnings"]:
@@ -119,7 +127,7 @@ def run(config: PipelineConfig, conf: dict) -> int:
         if not dags_test(env, conf):
             print(f"ERROR the {DAG_ID} run failed; see the task logs above", file=sys.stderr)
             return 1
-        print_report(read_report(s3, config))
+        print_report(read_report(s3, config), *latest_pointer(s3, config))
     return 0
 
 

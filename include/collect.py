@@ -1,14 +1,17 @@
-"""The collect task: copy a run's record to S3 and write a short report next to it.
+"""The collect and promote tasks: copy a run's record to S3 with a short report, then point the
+run name's `latest` pointer at its model.
 
 The record is the resolved config, stats/, model/ and samples.txt of the run folder; it goes to
 s3://{s3.bucket}/{s3.prefix}/{run folder name}/ through the amazon provider's S3Hook, so the
-Airflow AWS connection decides where S3 is (AWS, LocalStack or a local moto server).
+Airflow AWS connection decides where S3 is (AWS, LocalStack or a local moto server). The pointer
+is s3://{s3.bucket}/{s3.prefix}/latest/{run_name}.json: where consumers of the newest model look.
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
+from datetime import datetime, timezone
 
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import from_json
@@ -19,6 +22,7 @@ RECORD_FILES = ("config.json", "samples.txt")
 RECORD_FOLDERS = ("stats/", "model/")
 REPORT_JSON = "report.json"
 REPORT_TEXT = "report.md"
+LATEST_FOLDER = "latest"
 
 
 class RunFolder:
@@ -99,3 +103,50 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...]) -> dict:
     hook.load_string(report_text(report), key=f"{prefix}/{REPORT_TEXT}", bucket_name=bucket, replace=True)
     hook.load_string(json.dumps(report, indent=2), key=f"{prefix}/{REPORT_JSON}", bucket_name=bucket, replace=True)
     return report
+
+
+def latest_key(config) -> str:
+    return posixpath.join(config.s3.prefix.strip("/"), LATEST_FOLDER, f"{config.run_name}.json")
+
+
+def promotion(candidate: dict, current: dict | None, policy: str) -> tuple[bool, str]:
+    """Whether `candidate` replaces `current` as latest under s3.promote `policy`, and why."""
+    if current is None:
+        return True, "the first model of this run name"
+    if policy == "always":
+        return True, "s3.promote: always"
+    new, old = candidate["val_nats_per_char"], current.get("val_nats_per_char")
+    comparison = f"validation loss {new} nats/char against {old} of {current['run']}"
+    if old is None or (new is not None and new <= old):
+        return True, f"{comparison}, the model latest pointed at"
+    return False, f"{comparison}, the model latest points at, is higher (s3.promote: if_better)"
+
+
+def promote_record(record_uri: str, hook) -> dict:
+    """Point latest/{run_name}.json at the collected record in `record_uri`, unless s3.promote is
+    if_better and the model it points at now has the lower validation nats/char.
+
+    Returns the decision: `promoted`, the pointer's URI, the pointer written (or kept) and the reason."""
+    bucket, prefix = hook.parse_s3_url(record_uri)
+    read = lambda key: json.loads(hook.read_key(key, bucket_name=bucket))  # noqa: E731
+    if not hook.check_for_key(posixpath.join(prefix, REPORT_JSON), bucket_name=bucket):
+        raise PipelineError(f"record {record_uri} has no {REPORT_JSON}: collect did not finish")
+    report = read(posixpath.join(prefix, REPORT_JSON))  # written last by collect: the record is whole
+    config = from_json(hook.read_key(posixpath.join(prefix, "config.json"), bucket_name=bucket))
+    key = latest_key(config)
+    current = read(key) if hook.check_for_key(key, bucket_name=bucket) else None
+    candidate = {
+        "run": report["run"],
+        "record": report["s3_uri"],
+        "model": report["s3_uri"] + "model/",
+        "final_val_loss": report["final_val_loss"],
+        "val_nats_per_char": report["val_nats_per_char"],
+        "promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    promoted, reason = promotion(candidate, current, config.s3.promote)
+    if promoted:
+        if current:
+            candidate["previous"] = {name: current.get(name) for name in ("run", "record", "val_nats_per_char")}
+        hook.load_string(json.dumps(candidate, indent=2), key=key, bucket_name=bucket, replace=True)
+    pointer = candidate if promoted else current
+    return {"run": report["run"], "promoted": promoted, "reason": reason, "latest": f"s3://{bucket}/{key}", "pointer": pointer}

@@ -13,7 +13,7 @@ from include.spark_submit import STAGES
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, load_config, read_yaml
 
 DAG_ID = "gpt_pipeline"
-PIPELINE = ["validate_config", *STAGES, "collect"]
+PIPELINE = ["validate_config", *STAGES, "collect", "promote"]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +42,16 @@ def test_tasks_run_in_pipeline_order(dag):
     for upstream, downstream in zip(PIPELINE, PIPELINE[1:]):
         assert downstream in dag.get_task(upstream).downstream_task_ids, f"{upstream} >> {downstream}"
     # Nothing but validate_config (which hands the run folder to every task) skips ahead.
-    for position, task_id in enumerate(PIPELINE[1:], start=1):
+    for position, task_id in enumerate(PIPELINE[1:-1], start=1):
         assert dag.get_task(task_id).upstream_task_ids == {PIPELINE[position - 1], "validate_config"}
+    assert dag.get_task("promote").upstream_task_ids == {"collect"}
+
+
+def test_promote_updates_the_model_asset_at_the_latest_pointers(dag):
+    s3 = load_config().s3
+    (asset,) = dag.get_task("promote").outlets
+    assert (asset.name, asset.uri) == ("gpt_pipeline_model", f"s3://{s3.bucket}/{s3.prefix}/latest")
+    assert not any(task.outlets for task in dag.tasks if task.task_id != "promote")
 
 
 def test_owner_retries_and_tags(dag):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from include.collect import collect_record
+from include.collect import collect_record, promote_record
 from include.local_s3 import LocalS3
 from include.spark_submit import STAGES
 from spark_jobs.lib import lake
@@ -46,10 +46,10 @@ def finished_run(s3, run_dir: str, files: dict[str, bytes]) -> None:
 SHORT_FILE_WARNING = "corpus file file:///c/a.txt: its validation part has 4 tokens, fewer than one window (129)"
 
 
-def run_files(config_json: str) -> dict[str, bytes]:
+def run_files(config_json: str, nats_per_char: float = 0.9) -> dict[str, bytes]:
     files = {f"stats/{stage}.json": json.dumps({"duration_s": 1.5}).encode() for stage in STAGES}
     files["stats/window.json"] = json.dumps({"duration_s": 1.5, "warnings": [SHORT_FILE_WARNING]}).encode()
-    train = {"duration_s": 9.0, "final_val_loss": 2.5, "final_val_nats_per_char": 0.9}
+    train = {"duration_s": 9.0, "final_val_loss": 2.5, "final_val_nats_per_char": nats_per_char}
     files |= {
         "config.json": config_json.encode(),
         "stats/train.json": json.dumps(train).encode(),
@@ -109,3 +109,67 @@ def test_a_missing_bucket_is_named(s3, hook, tmp_path):
     finished_run(s3, run_dir, run_files(config.to_json()))
     with pytest.raises(PipelineError, match="s3.bucket: bucket 'no-such-bucket' does not exist"):
         collect_record(run_dir, hook, STAGES)
+
+
+def collected_run(s3, hook, tmp_path, run_id: str, nats_per_char: float, *settings: str) -> dict:
+    """The report of a run collected to the record bucket, named `books` whatever its id."""
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=books", *settings])
+    run_dir = lake.run_dir(config, run_id)
+    finished_run(s3, run_dir, run_files(config.to_json(), nats_per_char))
+    return collect_record(run_dir, hook, STAGES)
+
+
+def latest(s3, run_name: str = "books") -> dict:
+    return json.loads(s3.client().get_object(Bucket=RECORD_BUCKET, Key=f"runs/latest/{run_name}.json")["Body"].read())
+
+
+def test_promote_points_latest_at_each_new_model_and_keeps_the_one_before(s3, hook, tmp_path):
+    first = collected_run(s3, hook, tmp_path, "promote-1", 0.9)
+    decision = promote_record(first["s3_uri"], hook)
+    assert decision["promoted"] and decision["reason"] == "the first model of this run name"
+    assert decision["latest"] == f"s3://{RECORD_BUCKET}/runs/latest/books.json"
+    pointer = latest(s3)
+    assert decision["pointer"] == pointer
+    assert pointer["run"] == "promote-1" and pointer["model"] == first["s3_uri"] + "model/"
+    assert pointer["val_nats_per_char"] == 0.9 and "previous" not in pointer
+    # The pointer leads to a model that is there.
+    model = s3.client().get_object(Bucket=RECORD_BUCKET, Key=pointer["model"].split("/", 3)[3] + "model.keras")
+    assert model["Body"].read() == b"\x00model bytes\xff"
+
+    worse = collected_run(s3, hook, tmp_path, "promote-2", 1.4)  # s3.promote: always, the default
+    decision = promote_record(worse["s3_uri"], hook)
+    assert decision["promoted"] and decision["reason"] == "s3.promote: always"
+    assert latest(s3)["run"] == "promote-2"
+    assert latest(s3)["previous"] == {"run": "promote-1", "record": first["s3_uri"], "val_nats_per_char": 0.9}
+
+
+def test_promote_if_better_keeps_a_better_model_and_takes_an_equal_or_better_one(s3, hook, tmp_path):
+    policy = "s3.promote=if_better"
+    promote_record(collected_run(s3, hook, tmp_path, "other-name", 0.5, policy, "run_name=sonnets")["s3_uri"], hook)
+    # Each run name has its own pointer: a better model of another corpus does not count.
+    first = promote_record(collected_run(s3, hook, tmp_path, "gate-1", 1.0, policy, "run_name=plays")["s3_uri"], hook)
+    assert first["promoted"] and first["reason"] == "the first model of this run name"
+
+    worse = collected_run(s3, hook, tmp_path, "gate-2", 1.2, policy, "run_name=plays")
+    decision = promote_record(worse["s3_uri"], hook)
+    assert not decision["promoted"]
+    assert decision["reason"] == (
+        "validation loss 1.2 nats/char against 1.0 of gate-1, the model latest points at, is higher (s3.promote: if_better)"
+    )
+    assert latest(s3, "plays")["run"] == decision["pointer"]["run"] == "gate-1"
+
+    for run_id, nats_per_char in (("gate-3", 1.0), ("gate-4", 0.8)):
+        decision = promote_record(collected_run(s3, hook, tmp_path, run_id, nats_per_char, policy, "run_name=plays")["s3_uri"], hook)
+        assert decision["promoted"], decision["reason"]
+        assert latest(s3, "plays")["run"] == run_id
+    assert latest(s3, "plays")["previous"]["run"] == "gate-3"
+    assert latest(s3, "sonnets")["run"] == "other-name"
+
+
+def test_promote_refuses_a_record_collect_has_not_finished(s3, hook, tmp_path):
+    report = collected_run(s3, hook, tmp_path, "half-copied", 0.9, "run_name=poems")
+    key = report["s3_uri"].split("/", 3)[3] + "report.json"
+    s3.client().delete_object(Bucket=RECORD_BUCKET, Key=key)
+    with pytest.raises(PipelineError, match=r"has no report.json: collect did not finish"):
+        promote_record(report["s3_uri"], hook)
+    assert "Contents" not in s3.client().list_objects_v2(Bucket=RECORD_BUCKET, Prefix="runs/latest/poems")

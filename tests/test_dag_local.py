@@ -110,7 +110,7 @@ def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airfl
     assert code == 0, output[-5000:]
     run_id, state, tasks = last_run_states(home)
     assert state == "success"
-    assert tasks == {task_id: "success" for task_id in ["validate_config", *STAGES, "collect"]}
+    assert tasks == {task_id: "success" for task_id in ["validate_config", *STAGES, "collect", "promote"]}
 
     client = s3.client()
     prefix = f"runs/{lake.safe_run_id(f'e2e-{run_id}')}/"
@@ -136,6 +136,18 @@ def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airfl
     sample = read("samples.txt").decode()
     assert sample.startswith(config["generate"]["prompt"]) and len(sample) > len(config["generate"]["prompt"])
     assert report["sample"] == sample
+
+    # promote pointed the run name's latest pointer at this model and updated the model asset.
+    pointer = json.loads(client.get_object(Bucket=BUCKET, Key="runs/latest/e2e.json")["Body"].read())
+    assert pointer["model"] == f"s3://{BUCKET}/{prefix}model/" and pointer["val_nats_per_char"] == report["val_nats_per_char"]
+    with sqlite3.connect(home / "airflow.db") as db:
+        events = db.execute(
+            "SELECT asset.uri, asset_event.extra FROM asset_event JOIN asset ON asset.id = asset_event.asset_id "
+            "WHERE asset_event.source_run_id = ?", (run_id,)
+        ).fetchall()  # fmt: skip
+    assert [(uri, json.loads(extra)["pointer"]["model"]) for uri, extra in events] == [
+        (f"s3://{BUCKET}/runs/latest", pointer["model"])
+    ]
 
     model_dir = tmp_path / "model-from-s3"
     for key in keys:

@@ -156,6 +156,17 @@ def run_dag(aws, fail_stage: str | None = None):
     return dag_run, states, cluster.finished
 
 
+def asset_events(dag_run) -> list[tuple[str, dict]]:
+    """(asset URI, extra) of each asset event the run sent."""
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        events = session.scalars(select(AssetEvent).where(AssetEvent.source_run_id == dag_run.run_id)).all()
+        return [(event.asset.uri, event.extra) for event in events]
+
+
 def only_cluster(aws) -> dict:
     (summary,) = aws["emr"].list_clusters()["Clusters"]
     return aws["emr"].describe_cluster(ClusterId=summary["Id"])["Cluster"]
@@ -221,6 +232,26 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     report = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{lake.safe_run_id(run_id)}/report.json"))
     assert report["val_nats_per_char"] == TRAIN_STATS["final_val_nats_per_char"]
     assert report["sample"] == "The man starts with a song"
+    # promote pointed the run name's latest pointer at the collected model.
+    pointer = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/latest/{config.run_name}.json"))
+    assert pointer["model"] == report["s3_uri"] + "model/" and pointer["run"] == lake.safe_run_id(run_id)
+    ((asset_uri, extra),) = asset_events(dag_run)
+    assert asset_uri == f"s3://{BUCKET}/{config.s3.prefix}/latest" and extra["pointer"] == pointer
+
+
+def test_promote_if_better_is_skipped_when_latest_points_at_a_better_model(airflow_db, aws, emr_defaults):
+    emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), {"s3": {"promote": "if_better"}})))
+    config = load_config(emr_defaults)
+    key = f"{config.s3.prefix}/latest/{config.run_name}.json"
+    better = {"run": "an-earlier-run", "model": f"s3://{BUCKET}/runs/an-earlier-run/model/", "val_nats_per_char": 1.0}
+    aws["s3"].put_object(Bucket=BUCKET, Key=key, Body=json.dumps(better).encode())
+
+    dag_run, states, finished = run_dag(aws)
+
+    assert dag_run.state == "success" and finished == list(STAGES)
+    assert states["collect"] == "success" and states["promote"] == "skipped"
+    assert json.loads(s3_bytes(aws, f"s3://{BUCKET}/{key}")) == better
+    assert asset_events(dag_run) == []
 
 
 def test_a_failed_step_fails_the_run_and_the_cluster_is_still_terminated(airflow_db, aws, monkeypatch):
@@ -229,7 +260,7 @@ def test_a_failed_step_fails_the_run_and_the_cluster_is_still_terminated(airflow
     assert dag_run.state == "failed"
     assert states["tokenize_wait"] == "success"
     assert states["window_wait"] == "failed"
-    assert states["positional_embed_step"] == states["collect"] == "upstream_failed"
+    assert states["positional_embed_step"] == states["collect"] == states["promote"] == "upstream_failed"
     assert states["terminate_cluster"] == "success"
     assert finished == ["tokenize", "window"]
     cluster = only_cluster(aws)

@@ -35,10 +35,12 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
 from include.collect import REPORT_JSON, REPORT_TEXT
+from include.spark_submit import STAGES
 from include.local_s3 import REGION
 from spark_jobs.lib.config import REPO_ROOT, load_config
 
 DAG_ID = "gpt_pipeline"
+TASKS = ["validate_config", *STAGES, "collect", "promote"]
 USER = "admin"
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -250,7 +252,7 @@ def save_grid_screenshot(driver: WebDriver, ui: AirflowUI, run_id: str) -> Path:
 
     def all_tasks_successful(d: WebDriver) -> bool:
         states = [badge.text.strip() for badge in d.find_elements(By.CSS_SELECTOR, "[data-testid=table-cell-state]")]
-        return len(states) == 8 and set(states) == {"Success"}
+        return len(states) == len(TASKS) and set(states) == {"Success"}
 
     wait.until(all_tasks_successful)
     path = ARTIFACTS / "ui-trigger-grid.png"
@@ -325,6 +327,16 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
     assert s3_json(REPORT_JSON) == report
     sample = s3.get_object(Bucket=bucket, Key=prefix + "samples.txt")["Body"].read().decode("utf-8")
     assert sample.strip() and sample == report["sample"]
+
+    # promote moved the run name's latest pointer to this model and the scheduler recorded the
+    # model asset's update, which DAGs using the model are scheduled on.
+    pointer_key = f"{config.s3.prefix}/latest/{shakespeare_slice.stem}.json"
+    pointer = json.loads(s3.get_object(Bucket=bucket, Key=pointer_key)["Body"].read())
+    assert pointer["model"] == f"s3://{bucket}/{prefix}model/"
+    events = airflow_ui.get(f"/api/v2/assets/events?source_dag_id={DAG_ID}&source_run_id={quote(run_id, safe='')}")
+    assert [(event["uri"], event["extra"]["pointer"]) for event in events["asset_events"]] == [
+        (f"s3://{bucket}/{config.s3.prefix}/latest", pointer)
+    ]
 
     screenshot = save_grid_screenshot(browser, airflow_ui, run_id)
     assert screenshot.stat().st_size > 10_000

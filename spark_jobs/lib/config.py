@@ -65,6 +65,7 @@ class _Section(BaseModel):
 class S3Config(_Section):
     bucket: str = Field(min_length=3)
     prefix: str = "runs"
+    promote: Literal["always", "if_better"] = "always"
 
 
 class TokenizerConfig(_Section):
