@@ -1,8 +1,10 @@
 """Stage generate: continue the configured prompt with the trained model; writes samples.txt.
 
-Also a command line for any saved model folder (a run's model/, local path or URI):
+Also a command line for any saved model folder (a run's model/, local path or URI), or for the
+model a latest pointer written by the DAG's promote task points at:
 
     python -m spark_jobs.generate --model-dir lake/runs/<run_id>/model --prompt "ROMEO:" --seed 3
+    python -m spark_jobs.generate --latest s3://gpt-pipeline/runs/latest/tinyshakespeare.json
 
 Options not given come from the generate section of include/config/pipeline.yaml.
 """
@@ -10,6 +12,7 @@ Options not given come from the generate section of include/config/pipeline.yaml
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -39,6 +42,18 @@ def load_model(model_uri: str):
         model = keras.saving.load_model(lake.download_file(lake.join(model_uri, MODEL_FILE), Path(local) / MODEL_FILE))
     tokenizer = Tokenizer.from_str(lake.read_text(lake.join(model_uri, TOKENIZER_FILE)))
     return model, tokenizer
+
+
+def pointed_model(pointer_uri: str) -> str:
+    """The model folder a latest pointer (s3://{bucket}/{prefix}/latest/{run_name}.json) points at."""
+    if not lake.exists(pointer_uri):
+        raise PipelineError(f"no latest pointer at {pointer_uri}: no model of that run name was promoted there")
+    try:
+        model = json.loads(lake.read_text(pointer_uri))["model"]
+    except (ValueError, TypeError, KeyError):
+        raise PipelineError(f"{pointer_uri} is not a latest pointer written by promote (no 'model' in it)") from None
+    print(f"model: {model} (from {pointer_uri})", file=sys.stderr)
+    return model
 
 
 def next_token(logits: np.ndarray, settings: GenerateConfig, rng: np.random.Generator) -> int:
@@ -88,7 +103,9 @@ def generate_stage(spark, config: PipelineConfig, run: str) -> dict:
 
 def cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m spark_jobs.generate", description="Continue a prompt with a saved model.")
-    parser.add_argument("--model-dir", required=True, help="a model folder (path or URI), e.g. a run's model/")
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model-dir", help="a model folder (path or URI), e.g. a run's model/")
+    model.add_argument("--latest", metavar="POINTER", help="a latest pointer (URI), for the model it points at")
     parser.add_argument("--prompt")
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("--strategy", choices=["greedy", "top_k", "top_p"])
@@ -97,10 +114,11 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--seed", type=int)
     args = vars(parser.parse_args(argv))
-    model_uri = to_uri(args.pop("model_dir"))
+    model_dir, pointer = args.pop("model_dir"), args.pop("latest")
     try:
         given = {key: value for key, value in args.items() if value is not None}
         settings = load_config(overrides={"generate": given}).generate
+        model_uri = pointed_model(to_uri(pointer)) if pointer else to_uri(model_dir)
         print(generate(*load_model(model_uri), settings))
     except PipelineError as error:
         print(f"ERROR {error}", file=sys.stderr)
@@ -109,6 +127,6 @@ def cli(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    if any(arg.split("=")[0] == "--model-dir" for arg in sys.argv[1:]):
+    if any(arg.split("=")[0] in ("--model-dir", "--latest") for arg in sys.argv[1:]):
         sys.exit(cli(sys.argv[1:]))
     run_stage("generate", generate_stage)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -7,6 +9,7 @@ import numpy as np
 import pytest
 from tokenizers import ByteLevelBPETokenizer
 
+from include.local_s3 import LocalS3
 from spark_jobs.generate import generate, load_model, next_token
 from spark_jobs.lib import lake, train_state
 from spark_jobs.lib.config import REPO_ROOT, GenerateConfig, load_config
@@ -78,8 +81,11 @@ def test_a_folder_without_a_model_is_named(tmp_path):
         load_model(tmp_path.as_uri())
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spark_jobs.generate", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "spark_jobs.generate", *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})},
+    )  # fmt: skip
 
 
 def test_cli_prints_a_seeded_continuation(model_dir):
@@ -94,3 +100,25 @@ def test_cli_rejects_bad_settings_by_name(model_dir):
     completed = cli("--model-dir", str(model_dir), "--temperature", "0")
     assert completed.returncode == 2
     assert "generate.temperature" in completed.stderr
+
+
+def test_cli_follows_a_latest_pointer_on_s3(model_dir):
+    options = ["--prompt", "ROMEO:", "--max-new-tokens", "10", "--seed", "4"]
+    with LocalS3(buckets=("models",)) as s3:
+        client = s3.client()
+        for file in model_dir.iterdir():
+            client.put_object(Bucket="models", Key=f"runs/plays-1/model/{file.name}", Body=file.read_bytes())
+        pointer = {"run": "plays-1", "model": "s3://models/runs/plays-1/model/"}
+        client.put_object(Bucket="models", Key="runs/latest/plays.json", Body=json.dumps(pointer).encode())
+        client.put_object(Bucket="models", Key="runs/latest/broken.json", Body=b"{}")
+
+        followed = cli("--latest", "s3://models/runs/latest/plays.json", *options, env=s3.connection_env())
+        missing = cli("--latest", "s3://models/runs/latest/poems.json", *options, env=s3.connection_env())
+        broken = cli("--latest", "s3://models/runs/latest/broken.json", *options, env=s3.connection_env())
+
+    assert followed.returncode == 0, followed.stderr
+    assert followed.stdout == cli("--model-dir", str(model_dir), *options).stdout
+    assert "model: s3://models/runs/plays-1/model/ (from s3://models/runs/latest/plays.json)" in followed.stderr
+    assert missing.returncode == 2
+    assert "no latest pointer at s3://models/runs/latest/poems.json" in missing.stderr
+    assert broken.returncode == 2 and "is not a latest pointer written by promote" in broken.stderr
