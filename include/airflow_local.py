@@ -16,10 +16,11 @@ import fcntl
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from include.collect import REPORT_JSON, latest_key
@@ -59,10 +60,29 @@ def airflow(env: dict[str, str], *args: str, check: bool = True) -> subprocess.C
 
 
 def prepare(home: Path, s3: LocalS3) -> dict[str, str]:
+    """The environment for Airflow commands on `home`, whose database is migrated and holds no
+    run an interrupted command left unfinished. Called while holding the home."""
     home.mkdir(parents=True, exist_ok=True)
     env = airflow_env(home, s3)
     airflow(env, "db", "migrate")
+    fail_unfinished_runs(home, env)
     return env
+
+
+def unfinished_runs(home: Path) -> list[str]:
+    """Runs of the DAG still queued or running in the home's database."""
+    with closing(sqlite3.connect(home / "airflow.db")) as db:
+        query = "SELECT run_id FROM dag_run WHERE dag_id = ? AND state IN ('queued', 'running') ORDER BY id"
+        return [run_id for (run_id,) in db.execute(query, (DAG_ID,))]
+
+
+def fail_unfinished_runs(home: Path, env: dict[str, str]) -> None:
+    """Mark failed the runs an interrupted command left behind (Ctrl-C, a killed process): nothing
+    runs them now that this command holds the home, and Airflow would otherwise resume them."""
+    runs = unfinished_runs(home)
+    if runs:
+        print(f"marking as failed {len(runs)} run(s) an interrupted command left unfinished: {', '.join(runs)}")
+        subprocess.run([sys.executable, "-m", "include.unfinished_runs", DAG_ID, *runs], env=env, cwd=REPO_ROOT, check=True)
 
 
 def dags_test(env: dict[str, str], conf: dict) -> bool:
@@ -124,7 +144,13 @@ def exclusive_home(home: Path, command: str) -> Iterator[None]:
 def run(config: PipelineConfig, conf: dict) -> int:
     with exclusive_home(AIRFLOW_HOME, "make run"), LocalS3(buckets=(config.s3.bucket,)) as s3:
         env = prepare(AIRFLOW_HOME, s3)
-        if not dags_test(env, conf):
+        try:
+            succeeded = dags_test(env, conf)
+        except KeyboardInterrupt:  # Ctrl-C reached `airflow dags test` and its Spark processes too
+            print(f"\ninterrupted: the {DAG_ID} run stops here", file=sys.stderr)
+            fail_unfinished_runs(AIRFLOW_HOME, env)
+            return 130
+        if not succeeded:
             print(f"ERROR the {DAG_ID} run failed; see the task logs above", file=sys.stderr)
             return 1
         print_report(read_report(s3, config), *latest_pointer(s3, config))

@@ -1,12 +1,20 @@
-"""`make run` and `make airflow` share Airflow's home (a SQLite database): one command at a time."""
+"""`make run` and `make airflow` share Airflow's home (a SQLite database): one command at a time,
+and no run an interrupted command left behind stays unfinished there."""
 
 from __future__ import annotations
 
+import os
 import signal
+import sqlite3
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+import pytest
 
 from include import airflow_local
+from include.local_s3 import LocalS3
 from spark_jobs.lib.config import REPO_ROOT
 
 HOLD = """
@@ -36,3 +44,65 @@ def test_a_second_command_is_refused_while_another_holds_the_home(tmp_path, monk
     # A killed holder leaves no stale lock behind (a held lock would raise here).
     with airflow_local.exclusive_home(tmp_path, "make run"):
         assert (tmp_path / "in-use.lock").read_text().startswith("`make run` (pid ")
+
+
+def start_make_run(home: Path, corpus: Path, log: Path) -> subprocess.Popen:
+    """`make run`'s command in a process group of its own, as a terminal starts it (SIGINT not ignored)."""
+    command = [sys.executable, "-m", "include.airflow_local", "run", "--corpus", str(corpus),
+               "--set", f"lake={home / 'lake'}", "--set", "train.max_steps=20"]  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=REPO_ROOT, env={**os.environ, "GPT_PIPELINE_AIRFLOW_HOME": str(home)},
+        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+
+
+def wait_for_a_running_stage(process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 180
+    while "Running Spark version" not in log.read_text(errors="replace"):
+        assert process.poll() is None, f"the command ended early:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "no stage started in 180 s"
+        time.sleep(0.5)
+
+
+def processes_in_session(session_id: int) -> list[str]:
+    listing = subprocess.run(["ps", "-eo", "sid=,pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in listing.splitlines() if line.split(None, 1)[0] == str(session_id)]
+
+
+def run_states(home: Path) -> list[str]:
+    with sqlite3.connect(home / "airflow.db") as db:
+        return [state for (state,) in db.execute("SELECT state FROM dag_run ORDER BY id")]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_run_with_its_spark_processes_and_marks_it_failed(tmp_path, shakespeare_slice):
+    log = tmp_path / "make-run.log"
+    process = start_make_run(tmp_path / "home", shakespeare_slice, log)
+    wait_for_a_running_stage(process, log)
+
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
+    assert process.wait(timeout=120) == 130
+    output = log.read_text()
+    assert "interrupted: the gpt_pipeline run stops here" in output
+    assert "marking as failed 1 run(s) an interrupted command left unfinished" in output
+    deadline = time.monotonic() + 30
+    while processes_in_session(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_in_session(process.pid) == [], "Spark or Airflow processes outlived the command"
+    assert run_states(tmp_path / "home") == ["failed"]
+
+
+@pytest.mark.slow
+def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(tmp_path, shakespeare_slice):
+    home, log = tmp_path / "home", tmp_path / "make-run.log"
+    process = start_make_run(home, shakespeare_slice, log)
+    wait_for_a_running_stage(process, log)
+    os.killpg(process.pid, signal.SIGKILL)  # no chance to clean up
+    process.wait()
+    assert run_states(home) == ["running"]
+
+    with LocalS3() as s3:
+        airflow_local.prepare(home, s3)  # how `make run` and `make airflow` start
+    assert run_states(home) == ["failed"]
+    assert airflow_local.unfinished_runs(home) == []
