@@ -25,7 +25,7 @@ from pathlib import Path
 
 from include.collect import REPORT_JSON, latest_key
 from include.local_s3 import LocalS3
-from spark_jobs.lib.config import REPO_ROOT, PipelineConfig, load_config
+from spark_jobs.lib.config import REPO_ROOT, PipelineConfig, defaults_path, load_config
 from spark_jobs.lib.errors import PipelineError
 
 DAG_ID = "gpt_pipeline"
@@ -205,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Checked here too so that a bad value stops before Airflow starts; the DAG checks it again.
         config = load_config(overrides=args.overrides + ([{"corpus": args.corpus}] if args.corpus else []))
+        if config.target != "local":
+            raise PipelineError(
+                f"target: {config.target!r} (from {defaults_path()}): `make run` and `make airflow` run the DAG with "
+                "target 'local', their S3 a moto server on this machine; run target 'emr' from an Airflow with "
+                "an AWS connection (README: Running on AWS EMR)"
+            )
         if args.command == "ui":
             return ui(config)
         return run(config, conf)

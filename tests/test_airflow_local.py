@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from include import airflow_local
 from include.local_s3 import LocalS3
-from spark_jobs.lib.config import REPO_ROOT
+from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, REPO_ROOT, apply_overrides, read_yaml
 
 HOLD = """
 import sys, time
@@ -44,6 +45,18 @@ def test_a_second_command_is_refused_while_another_holds_the_home(tmp_path, monk
     # A killed holder leaves no stale lock behind (a held lock would raise here).
     with airflow_local.exclusive_home(tmp_path, "make run"):
         assert (tmp_path / "in-use.lock").read_text().startswith("`make run` (pid ")
+
+
+@pytest.mark.parametrize("command", ["run", "ui"])
+def test_target_emr_is_refused_before_airflow_starts(tmp_path, monkeypatch, capsys, command):
+    emr = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"target": "emr", "lake": "s3://gpt-pipeline/lake"})
+    (tmp_path / "emr.yaml").write_text(yaml.safe_dump(emr))
+    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(tmp_path / "emr.yaml"))
+    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    assert airflow_local.main([command]) == 2
+    error = capsys.readouterr().err
+    assert f"ERROR target: 'emr' (from {tmp_path / 'emr.yaml'}): `make run` and `make airflow` run the DAG" in error
+    assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
 def start_make_run(home: Path, corpus: Path, log: Path) -> subprocess.Popen:
