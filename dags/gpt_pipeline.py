@@ -82,7 +82,7 @@ def form_config() -> tuple[PipelineConfig, str]:
 def check_corpus(config: PipelineConfig, sizes: dict[str, int]) -> None:
     """Log the corpus and stop one too small for a window before any Spark or cluster starts."""
     log.info("corpus: %d file(s), %s bytes: %s", len(sizes), f"{sum(sizes.values()):,}", name_some(list(sizes), shown=5))
-    corpus.check_size(list(sizes.values()), config.data.block_size, config.data.val_fraction)
+    corpus.check_fits(config, sizes)
 
 
 @task(retries=0)

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}")
         sizes = lake.corpus_files(config)
         if "tokenize" in stages:
-            corpus.check_size(list(sizes.values()), config.data.block_size, config.data.val_fraction)
+            corpus.check_fits(config, sizes)
         run_id = args.run_id or f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
         run_dir = run_pipeline(config, run_id, stages)
     except (PipelineError, StageFailed) as error:

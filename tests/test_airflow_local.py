@@ -59,6 +59,16 @@ def test_target_emr_is_refused_before_airflow_starts(tmp_path, monkeypatch, caps
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
+def test_a_missing_or_too_small_corpus_is_named_before_airflow_starts(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    assert airflow_local.main(["run", "--corpus", str(tmp_path / "books" / "*.txt")]) == 2
+    assert f"ERROR corpus {(tmp_path / 'books').as_uri()}/*.txt matches no file" in capsys.readouterr().err
+    (tmp_path / "note.txt").write_text("Too short for a window.\n")
+    assert airflow_local.main(["run", "--corpus", str(tmp_path / "note.txt")]) == 2
+    assert "ERROR the corpus holds 24 bytes, so at most 24 tokens" in capsys.readouterr().err
+    assert not (tmp_path / "home").exists(), "Airflow's home was touched"
+
+
 def start_make_run(home: Path, corpus: Path, log: Path) -> subprocess.Popen:
     """`make run`'s command in a process group of its own, as a terminal starts it (SIGINT not ignored)."""
     command = [sys.executable, "-m", "include.airflow_local", "run", "--corpus", str(corpus),

@@ -79,6 +79,11 @@ def check_size(sizes: list[int], block_size: int, val_fraction: float) -> None:
         )
 
 
+def check_fits(config, sizes: dict[str, int]) -> None:
+    """check_size for the corpus files `sizes` ({URI: bytes}) under the config's window and split."""
+    check_size(list(sizes.values()), config.data.block_size, config.data.val_fraction)
+
+
 def read_range(uri: str, start: int, length: int) -> bytes:
     fs, path = lake.filesystem(uri)
     with fs.open_input_file(path) as handle:
