@@ -39,7 +39,7 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, AirflowTimetableInvalid
 
 from include import emr, emr_tasks, local_runner, trigger_form
-from include.collect import AWS_CONN_ID, LATEST_FOLDER, collect_record, promote_record
+from include.collect import AWS_CONN_ID, collect_record, latest_folder, promote_record
 from include.spark_submit import STAGES, package_code
 from spark_jobs.lib import corpus, lake
 from spark_jobs.lib.config import ConfigError, PipelineConfig, defaults_path, load_config, read_yaml
@@ -52,9 +52,7 @@ DAG_ID = "gpt_pipeline"
 CONFIG_PATH = defaults_path()  # include/config/pipeline.yaml unless GPT_PIPELINE_CONFIG names another
 CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form's values
 # Updated when a run's model becomes latest; the event's extra names the run, its model and the pointer.
-MODEL_ASSET = Asset(
-    name="gpt_pipeline_model", uri=f"s3://{CONFIG.s3.bucket}/{CONFIG.s3.prefix.strip('/')}/{LATEST_FOLDER}/"
-)
+MODEL_ASSET = Asset(name="gpt_pipeline_model", uri=latest_folder(CONFIG))
 
 
 def retraining_schedule(config: PipelineConfig):

@@ -105,6 +105,11 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...]) -> dict:
     return report
 
 
+def latest_folder(config) -> str:
+    """s3://{s3.bucket}/{s3.prefix}/latest: the latest pointers, one per run name (the model asset's URI)."""
+    return f"s3://{config.s3.bucket}/" + posixpath.join(config.s3.prefix.strip("/"), LATEST_FOLDER)
+
+
 def latest_key(config) -> str:
     return posixpath.join(config.s3.prefix.strip("/"), LATEST_FOLDER, f"{config.run_name}.json")
 
