@@ -120,11 +120,12 @@ def promotion(candidate: dict, current: dict | None, policy: str) -> tuple[bool,
         return True, "the first model of this run name"
     if policy == "always":
         return True, "s3.promote: always"
-    new, old = candidate["val_nats_per_char"], current.get("val_nats_per_char")
-    comparison = f"validation loss {new} nats/char against {old} of {current['run']}"
+    new, old, run = candidate["val_nats_per_char"], current.get("val_nats_per_char"), current["run"]
     if old is None or (new is not None and new <= old):
-        return True, f"{comparison}, the model latest pointed at"
-    return False, f"{comparison}, the model latest points at, is higher (s3.promote: if_better)"
+        return True, f"validation loss {new} nats/char is no higher than {old} of {run}, which latest pointed at"
+    return False, (
+        f"validation loss {new} nats/char is higher than {old} of {run}, which latest points at (s3.promote: if_better)"
+    )
 
 
 def promote_record(record_uri: str, hook) -> dict:
@@ -153,5 +154,10 @@ def promote_record(record_uri: str, hook) -> dict:
         if current:
             candidate["previous"] = {name: current.get(name) for name in ("run", "record", "val_nats_per_char")}
         hook.load_string(json.dumps(candidate, indent=2), key=key, bucket_name=bucket, replace=True)
-    pointer = candidate if promoted else current
-    return {"run": report["run"], "promoted": promoted, "reason": reason, "latest": f"s3://{bucket}/{key}", "pointer": pointer}
+    return {
+        "run": report["run"],
+        "promoted": promoted,
+        "reason": reason,
+        "latest": f"s3://{bucket}/{key}",
+        "pointer": candidate if promoted else current,
+    }

@@ -154,13 +154,15 @@ def test_promote_if_better_keeps_a_better_model_and_takes_an_equal_or_better_one
     decision = promote_record(worse["s3_uri"], hook)
     assert not decision["promoted"]
     assert decision["reason"] == (
-        "validation loss 1.2 nats/char against 1.0 of gate-1, the model latest points at, is higher (s3.promote: if_better)"
+        "validation loss 1.2 nats/char is higher than 1.0 of gate-1, which latest points at (s3.promote: if_better)"
     )
     assert latest(s3, "plays")["run"] == decision["pointer"]["run"] == "gate-1"
 
     for run_id, nats_per_char in (("gate-3", 1.0), ("gate-4", 0.8)):
-        decision = promote_record(collected_run(s3, hook, tmp_path, run_id, nats_per_char, policy, "run_name=plays")["s3_uri"], hook)
+        report = collected_run(s3, hook, tmp_path, run_id, nats_per_char, policy, "run_name=plays")
+        decision = promote_record(report["s3_uri"], hook)
         assert decision["promoted"], decision["reason"]
+        assert decision["reason"].startswith(f"validation loss {nats_per_char} nats/char is no higher than")
         assert latest(s3, "plays")["run"] == run_id
     assert latest(s3, "plays")["previous"]["run"] == "gate-3"
     assert latest(s3, "sonnets")["run"] == "other-name"
