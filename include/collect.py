@@ -149,11 +149,14 @@ def promote_record(record_uri: str, hook) -> dict:
         "val_nats_per_char": report["val_nats_per_char"],
         "promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    promoted, reason = promotion(candidate, current, config.s3.promote)
-    if promoted:
-        if current:
-            candidate["previous"] = {name: current.get(name) for name in ("run", "record", "val_nats_per_char")}
-        hook.load_string(json.dumps(candidate, indent=2), key=key, bucket_name=bucket, replace=True)
+    if current and current["run"] == candidate["run"]:  # a retried promote: the pointer is written already
+        promoted, reason, candidate = True, "latest points at this run's model already", current
+    else:
+        promoted, reason = promotion(candidate, current, config.s3.promote)
+        if promoted:
+            if current:
+                candidate["previous"] = {name: current.get(name) for name in ("run", "record", "val_nats_per_char")}
+            hook.load_string(json.dumps(candidate, indent=2), key=key, bucket_name=bucket, replace=True)
     return {
         "run": report["run"],
         "promoted": promoted,

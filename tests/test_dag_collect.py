@@ -142,6 +142,12 @@ def test_promote_points_latest_at_each_new_model_and_keeps_the_one_before(s3, ho
     assert latest(s3)["run"] == "promote-2"
     assert latest(s3)["previous"] == {"run": "promote-1", "record": first["s3_uri"], "val_nats_per_char": 0.9}
 
+    # A retried promote (say its first attempt wrote the pointer, then lost its worker) keeps it as it is.
+    pointer = latest(s3)
+    again = promote_record(worse["s3_uri"], hook)
+    assert again["promoted"] and again["reason"] == "latest points at this run's model already"
+    assert latest(s3) == again["pointer"] == pointer
+
 
 def test_promote_if_better_keeps_a_better_model_and_takes_an_equal_or_better_one(s3, hook, tmp_path):
     policy = "s3.promote=if_better"
