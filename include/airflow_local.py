@@ -71,9 +71,10 @@ def prepare(home: Path, s3: LocalS3) -> dict[str, str]:
 
 
 def unfinished_runs(home: Path) -> list[str]:
-    """Runs of the DAG still queued or running in the home's database."""
+    """Runs of the DAG still running in the home's database. (Queued runs have not started: the
+    scheduler of `make airflow` starts them as usual.)"""
     with closing(sqlite3.connect(home / "airflow.db")) as db:
-        query = "SELECT run_id FROM dag_run WHERE dag_id = ? AND state IN ('queued', 'running') ORDER BY id"
+        query = "SELECT run_id FROM dag_run WHERE dag_id = ? AND state = 'running' ORDER BY id"
         return [run_id for (run_id,) in db.execute(query, (DAG_ID,))]
 
 
