@@ -81,7 +81,7 @@ def encode(tokenizer, text: str) -> np.ndarray:
     batch = list(chunks(text, ENCODE_CHUNK_CHARS))
     encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     encodings = encode_batch(batch, add_special_tokens=False)
-    lengths = [len(encoding.ids) for encoding in encodings]
+    lengths = [len(encoding) for encoding in encodings]  # without building each ids list twice
     ids = np.empty(sum(lengths), dtype=np.int32)
     position = 0
     for encoding, length in zip(encodings, lengths):
