@@ -140,7 +140,8 @@ def promote(report: dict) -> dict:
 
     decision = promote_record(report["s3_uri"], S3Hook(aws_conn_id=AWS_CONN_ID))
     if not decision["promoted"]:
-        raise AirflowSkipException(f"{decision['latest']} still points at {decision['pointer']['run']}: {decision['reason']}")
+        kept = decision["pointer"]["run"]
+        raise AirflowSkipException(f"{decision['latest']} still points at {kept}: {decision['reason']}")
     log.info("%s now points at %s: %s", decision["latest"], decision["pointer"]["model"], decision["reason"])
     get_current_context()["outlet_events"][MODEL_ASSET].extra = decision
     return decision

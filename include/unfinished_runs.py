@@ -19,12 +19,16 @@ def fail_runs(dag_id: str, run_ids: list[str]) -> None:
     from airflow.models.dagbag import DBDagBag
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
     from sqlalchemy import select
 
     with create_session() as session:
         for run in session.scalars(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id.in_(run_ids))):
             dag = DBDagBag().get_dag_for_run(run, session=session)
-            set_dag_run_state_to_failed(dag=dag, run_id=run.run_id, commit=True, session=session)
+            if dag is None:  # its DAG is no longer serialized: only the run's own state can change
+                run.set_state(DagRunState.FAILED)
+            else:
+                set_dag_run_state_to_failed(dag=dag, run_id=run.run_id, commit=True, session=session)
 
 
 if __name__ == "__main__":

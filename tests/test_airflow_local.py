@@ -117,13 +117,17 @@ def test_ctrl_c_stops_the_run_with_its_spark_processes_and_marks_it_failed(tmp_p
 
 
 @pytest.mark.slow
-def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(tmp_path, shakespeare_slice):
+@pytest.mark.parametrize("dag_serialized", [True, False], ids=["dag", "dag-gone"])
+def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(tmp_path, shakespeare_slice, dag_serialized):
     home, log = tmp_path / "home", tmp_path / "make-run.log"
     process = start_make_run(home, shakespeare_slice, log)
     wait_for_a_running_stage(process, log)
     os.killpg(process.pid, signal.SIGKILL)  # no chance to clean up
     process.wait()
     assert run_states(home) == ["running"]
+    if not dag_serialized:  # e.g. the DAG file was removed since: the run's state is set alone
+        with sqlite3.connect(home / "airflow.db") as db:
+            db.execute("DELETE FROM serialized_dag")
 
     with LocalS3() as s3:
         airflow_local.prepare(home, s3)  # how `make run` and `make airflow` start
