@@ -20,7 +20,7 @@ from pathlib import Path
 from include.local_runner import run_pipeline, run_stage
 from include.spark_submit import package_code
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import load_config
+from spark_jobs.lib.config import load_config, to_uri
 
 PREPROCESS = ("tokenize", "window", "positional_embed", "export")
 
@@ -65,7 +65,7 @@ def clone_run(run: str, suffix: str, config) -> str:
     target = source.with_name(f"{source.name}-{suffix}")
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("model", "checkpoints", "train.json", "epochs.csv"))
-    uri = target.as_uri()
+    uri = to_uri(str(target))
     lake.write_text(lake.join(uri, lake.CONFIG_FILE), config.to_json())
     return uri
 

@@ -63,6 +63,14 @@ def test_overrides_parse_yaml_values_and_globs_stay_strings():
         parse_override("train.max_steps")
 
 
+def test_a_hash_in_an_unquoted_override_is_text_not_a_yaml_comment():
+    assert parse_override("lake=/tmp/my lake #2") == (["lake"], "/tmp/my lake #2")
+    assert parse_override("generate.prompt=#1 ROMEO:") == (["generate", "prompt"], "#1 ROMEO:")
+    assert parse_override("corpus=/data/a#b.txt") == (["corpus"], "/data/a#b.txt")
+    assert parse_override("run_name='007'") == (["run_name"], "007")  # quoted: YAML still reads it
+    assert parse_override("generate.prompt='a #b'") == (["generate", "prompt"], "a #b")
+
+
 @pytest.mark.parametrize(
     "corpus, name",
     [

@@ -13,7 +13,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from spark_jobs import tokenize_corpus, window
+from spark_jobs import export_tfrecord, positional_embed, tokenize_corpus, window
 from spark_jobs.lib import bpe, lake, parts
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.stage import run_stage
@@ -186,3 +186,26 @@ def test_packed_documents_use_files_shorter_than_a_window(spark, tmp_path, capsy
         assert [w["start"] for w in cut] == list(range(0, len(stream) - block_size, stride))
         assert all(w["ids"] == stream[w["start"] : w["start"] + block_size + 1] for w in cut)
         assert any(separator in w["ids"][1:-1] for w in cut)  # windows run across files
+
+
+def test_paths_with_spaces_hashes_and_accents_work_in_every_stage(spark, tmp_path, shakespeare):
+    """Paths are taken as they are, never percent-encoded (file:///…/my books/…), by pyarrow and Spark alike."""
+    folder = tmp_path / "my books"
+    folder.mkdir()
+    text = shakespeare.read_text(encoding="utf-8")[:40_000]
+    (folder / "Les Misérables #1.txt").write_text(text, encoding="utf-8")
+    config = small_config(tmp_path, folder / "*.txt", [{"lake": str(tmp_path / "lake été #2")}])
+    assert config.corpus == [f"file://{folder}/*.txt"] and config.lake == f"file://{tmp_path}/lake été #2"
+
+    run, code = run_tokenize(config)
+    assert code == 0
+    for stage, body in (("window", window.body), ("positional_embed", positional_embed.body),
+                        ("export", export_tfrecord.body)):  # fmt: skip
+        run_stage(stage, body, ["--run-dir", run])
+        assert lake.exists(lake.stats_uri(run, stage)), stage
+    assert os.path.isdir(tmp_path / "lake été #2" / "runs" / "run" / "tfrecords")
+    rows = pq.read_table(lake.local_path(lake.join(run, "tokens"))).to_pylist()
+    assert {row["path"] for row in rows} == {f"file://{folder}/Les Misérables #1.txt"}
+    tokenizer = bpe.from_json(lake.read_text(lake.join(run, "tokenizer", "tokenizer.json")))
+    decoded = "".join(tokenizer.decode(row["ids"]) for row in sorted(rows, key=lambda row: (row["piece"], row["split"] == "val")))
+    assert decoded == text

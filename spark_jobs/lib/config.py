@@ -233,10 +233,13 @@ def _describe(error: ValidationError) -> str:
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """'train.max_steps=200' -> (['train', 'max_steps'], 200). Values are parsed as YAML; what YAML
-    cannot parse (e.g. schedule=@weekly) stays a string."""
+    cannot parse (e.g. schedule=@weekly) stays a string, and so does an unquoted value with a '#'
+    in it (lake=/data/lake #2), which YAML would cut at the '#' as a comment."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} is not of the form section.key=value")
+    if "#" in raw and raw.strip()[:1] not in ("'", '"'):
+        return key.strip().split("."), raw.strip()
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:

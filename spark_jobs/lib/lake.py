@@ -16,6 +16,7 @@ import posixpath
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 from pyarrow import fs as pafs
 
@@ -24,6 +25,7 @@ from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 
 CONFIG_FILE = "config.json"
+LOCAL_FILESYSTEM = pafs.LocalFileSystem()
 
 
 class StageIncomplete(PipelineError):
@@ -31,8 +33,16 @@ class StageIncomplete(PipelineError):
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and path of a URI. The project's URIs hold paths as they are, the way Hadoop
+    (and so Spark) takes them: a space, '#' or 'é' in a file name is itself, never percent-encoded."""
+    scheme, separator, path = uri.partition("://")
+    if not separator:
+        raise ValueError(f"not a URI: {uri!r}")
+    if scheme == "file":
+        return LOCAL_FILESYSTEM, path
+    # pyarrow parses the URI, so it gets the path percent-encoded and returns it decoded.
     # AWS_ENDPOINT_URL (moto, LocalStack) is honoured by pyarrow's S3 client.
-    return pafs.FileSystem.from_uri(uri)
+    return pafs.FileSystem.from_uri(f"{scheme}://{quote(path, safe='/')}")
 
 
 def join(uri: str, *parts: str) -> str:
