@@ -19,11 +19,13 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
 from include.collect import REPORT_JSON, latest_key
+from include import process_tree
 from include.local_s3 import LocalS3
 from spark_jobs.lib import corpus, lake
 from spark_jobs.lib.config import REPO_ROOT, PipelineConfig, defaults_path, load_config
@@ -87,10 +89,59 @@ def fail_unfinished_runs(home: Path, env: dict[str, str]) -> None:
         subprocess.run([sys.executable, "-m", "include.unfinished_runs", DAG_ID, *runs], env=env, cwd=REPO_ROOT, check=True)
 
 
+
+
+STANDALONE_GRACE_S = 20  # after Ctrl-C, how long `make airflow` waits for Airflow to stop by itself
+
+
+class Stopped(Exception):
+    """The command was asked to stop (Ctrl-C or SIGTERM) and has stopped Airflow."""
+
+
+def run_stoppable(env: dict[str, str], *args: str, grace_s: float) -> int:
+    """`airflow *args`, stopped with everything below it when this command is asked to stop.
+
+    Ctrl-C in a terminal reaches every process of the command at once; SIGTERM (`kill`, a CI job's
+    time-out) reaches this one alone, which passes it on as SIGINT, the same Ctrl-C. Whatever is
+    still running `grace_s` later, or at a second Ctrl-C, is killed: Airflow's scheduler can hang in
+    its executor's shutdown, and its workers would outlive it. This process is their subreaper, so
+    orphans are found too. Raises Stopped after a stop; returns Airflow's exit code otherwise."""
+    process_tree.become_subreaper()
+    process = subprocess.Popen(
+        [str(AIRFLOW), *args], env=env, cwd=REPO_ROOT,
+        # Started from a script, SIGINT may arrive ignored; Airflow needs it to shut down cleanly.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    asked: list[float] = []
+
+    def stop(number, _frame) -> None:
+        if asked:
+            process_tree.kill_all()
+        elif number == signal.SIGTERM:
+            process_tree.signal_all(signal.SIGINT)
+        asked.append(time.monotonic())
+
+    handlers = {number: signal.signal(number, stop) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while process.poll() is None:
+            time.sleep(0.5)
+            process_tree.reap_orphans(keep=process.pid)
+            if asked and time.monotonic() - asked[0] > grace_s:
+                process_tree.kill_all()
+        if asked:
+            process_tree.kill_all()  # what outlived Airflow, e.g. idle executor workers
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    if asked:
+        raise Stopped
+    return process.returncode
+
+
 def dags_test(env: dict[str, str], conf: dict) -> bool:
-    """Run the DAG once in this process tree; True when the run succeeded."""
-    result = airflow(env, "dags", "test", DAG_ID, "--conf", json.dumps(conf), check=False)
-    return result.returncode == 0
+    """Run the DAG once; True when the run succeeded. On Ctrl-C its stage dies at once, but `dags
+    test` itself would only mark the task for a retry and wait for it: it is killed 2 s later."""
+    return run_stoppable(env, "dags", "test", DAG_ID, "--conf", json.dumps(conf), grace_s=2) == 0
 
 
 def read_report(s3: LocalS3, config: PipelineConfig) -> dict:
@@ -148,7 +199,7 @@ def run(config: PipelineConfig, conf: dict) -> int:
         env = prepare(AIRFLOW_HOME, s3)
         try:
             succeeded = dags_test(env, conf)
-        except KeyboardInterrupt:  # Ctrl-C reached `airflow dags test` and its Spark processes too
+        except Stopped:
             print(f"\ninterrupted: the {DAG_ID} run stops here", file=sys.stderr)
             fail_unfinished_runs(AIRFLOW_HOME, env)
             return 130
@@ -176,17 +227,11 @@ def ui(config: PipelineConfig) -> int:
 
 def serve(env: dict[str, str]) -> int:
     """`airflow standalone` in the foreground until Ctrl-C (or SIGTERM) makes it stop its components."""
-    process = subprocess.Popen(
-        [str(AIRFLOW), "standalone"],
-        env=env,
-        cwd=REPO_ROOT,
-        # Started from a script, SIGINT may arrive ignored; standalone needs it to shut down cleanly.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    # Ctrl-C reaches standalone from the terminal; a second SIGINT would cut its shutdown short.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGINT))
-    return process.wait()
+    try:  # standalone stops its components in a few seconds, but its scheduler may hang in the
+        # LocalExecutor's shutdown while a task was running.
+        return run_stoppable(env, "standalone", grace_s=STANDALONE_GRACE_S)
+    except Stopped:
+        return 0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

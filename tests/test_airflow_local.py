@@ -3,12 +3,15 @@ and no run an interrupted command left behind stays unfinished there."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -98,13 +101,21 @@ def run_states(home: Path) -> list[str]:
         return [state for (state,) in db.execute("SELECT state FROM dag_run ORDER BY id")]
 
 
+def stop_command(process: subprocess.Popen, how: str) -> None:
+    if how == "ctrl-c":
+        os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C: every process of the command
+    else:
+        os.kill(process.pid, signal.SIGTERM)  # `kill`, a CI time-out: the command alone
+
+
 @pytest.mark.slow
-def test_ctrl_c_stops_the_run_with_its_spark_processes_and_marks_it_failed(tmp_path, shakespeare_slice):
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_the_run_with_its_spark_processes_and_marks_it_failed(tmp_path, shakespeare_slice, how):
     log = tmp_path / "make-run.log"
     process = start_make_run(tmp_path / "home", shakespeare_slice, log)
     wait_for_a_running_stage(process, log)
 
-    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
+    stop_command(process, how)
     assert process.wait(timeout=120) == 130
     output = log.read_text()
     assert "interrupted: the gpt_pipeline run stops here" in output
@@ -133,3 +144,48 @@ def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(tm
         airflow_local.prepare(home, s3)  # how `make run` and `make airflow` start
     assert run_states(home) == ["failed"]
     assert airflow_local.unfinished_runs(home) == []
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def trigger(home: Path, conf: dict) -> None:
+    """`airflow dags trigger` on the home's database, once the DAG processor has stored the DAG."""
+    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+           "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"), "PYTHONPATH": str(REPO_ROOT)}  # fmt: skip
+    deadline = time.monotonic() + 180
+    while True:
+        command = [str(airflow_local.AIRFLOW), "dags", "trigger", airflow_local.DAG_ID, "--conf", json.dumps(conf)]
+        done = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        assert time.monotonic() < deadline, f"the DAG could not be triggered:\n{done.stderr[-2000:]}"
+        time.sleep(5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_make_airflow_stops_with_a_task_running_and_leaves_no_process(tmp_path, shakespeare_slice, how):
+    """Airflow's scheduler waits forever in its LocalExecutor's shutdown when stopped during a task
+    (its workers outlive it after a second Ctrl-C): the command must still end, and end them."""
+    home, log = tmp_path / "home", tmp_path / "make-airflow.log"
+    env = {**os.environ, "GPT_PIPELINE_AIRFLOW_HOME": str(home), "AIRFLOW__API__PORT": str(free_port())}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "include.airflow_local", "ui"], cwd=REPO_ROOT, env=env, stdout=log.open("w"),
+        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        trigger(home, {"corpus": str(shakespeare_slice), "overrides": [f"lake={home / 'lake'}", "train.max_steps=20"]})
+        wait_for_a_running_stage(process, log)
+        stop_command(process, how)
+        assert process.wait(timeout=airflow_local.STANDALONE_GRACE_S + 60) == 0
+        deadline = time.monotonic() + 30
+        while processes_in_session(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert processes_in_session(process.pid) == [], "Airflow or Spark processes outlived `make airflow`"
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
