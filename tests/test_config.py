@@ -31,6 +31,17 @@ def test_bad_values_name_the_field(override, field):
         load_config(overrides=[override])
 
 
+@pytest.mark.parametrize(
+    "override, field",
+    [("corpus=gs://bucket/books/*.txt", "corpus"), ("corpus=https://example.com/a.txt", "corpus"),
+     ("lake=hdfs://namenode/lake", "lake"), ("lake=s3a://bucket/lake", "lake")],
+)  # fmt: skip
+def test_a_uri_the_lake_cannot_read_is_named_before_anything_runs(override, field):
+    scheme = override.split("=", 1)[1].split("://")[0]
+    with pytest.raises(ConfigError, match=rf"{field}: unsupported URI scheme {scheme}://; use a local path, file:// or s3://"):
+        load_config(overrides=[override])
+
+
 def test_unknown_keys_are_rejected():
     with pytest.raises(ConfigError, match="data.window_size: unknown key"):
         load_config(overrides=["data.window_size=64"])

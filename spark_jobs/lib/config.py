@@ -32,11 +32,17 @@ SPECIAL_TOKENS = ("<|endoftext|>",)
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + 1
 
 
+URI_SCHEMES = ("file", "s3")  # what the lake reads and writes (pyarrow) and Spark reads on EMR
+
+
 def to_uri(path_or_uri: str) -> str:
     """A URI stays as it is; a local path (relative to the repository root) becomes file://."""
     if not path_or_uri.strip():
         raise ValueError("must not be empty")
     if "://" in path_or_uri:
+        scheme = path_or_uri.split("://", 1)[0]
+        if scheme not in URI_SCHEMES:
+            raise ConfigError(f"unsupported URI scheme {scheme}://; use a local path, file:// or s3://")
         return path_or_uri
     path = Path(path_or_uri).expanduser()
     return "file://" + (path if path.is_absolute() else REPO_ROOT / path).resolve().as_posix()
