@@ -26,6 +26,7 @@ from urllib.parse import quote
 import boto3
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -188,10 +189,26 @@ def browser(tmp_path):
     driver.quit()
 
 
+def visible(by: str, value: str):
+    """A wait condition: the element once visible. While the app redirects to its login page, a
+    lookup can be aborted by the navigation; that is waited out like an element not there yet."""
+    located = EC.visibility_of_element_located((by, value))
+
+    def condition(driver: WebDriver):
+        try:
+            return located(driver)
+        except WebDriverException as error:
+            if "aborted by navigation" in str(error):
+                return False
+            raise
+
+    return condition
+
+
 def log_in(driver: WebDriver, ui: AirflowUI) -> None:
     driver.get(f"{ui.api}/")
     wait = WebDriverWait(driver, 60)
-    wait.until(EC.visibility_of_element_located((By.NAME, "username"))).send_keys(USER)
+    wait.until(visible(By.NAME, "username")).send_keys(USER)
     driver.find_element(By.NAME, "password").send_keys(ui.password)
     driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
     wait.until(lambda d: "/auth/login" not in d.current_url)
@@ -201,7 +218,7 @@ def open_trigger_form(driver: WebDriver, ui: AirflowUI) -> WebElement:
     driver.get(f"{ui.api}/dags/{DAG_ID}")
     wait = WebDriverWait(driver, 60)
     wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, "[data-testid=trigger-dag-button]"))).click()
-    return wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, "[role=dialog][aria-modal=true]")))
+    return wait.until(visible(By.CSS_SELECTOR, "[role=dialog][aria-modal=true]"))
 
 
 def set_param(driver: WebDriver, form: WebElement, name: str, value) -> None:
@@ -248,7 +265,7 @@ def save_grid_screenshot(driver: WebDriver, ui: AirflowUI, run_id: str) -> Path:
     """The finished run's page: the grid with the run's column, and its task instances all successful."""
     driver.get(f"{ui.api}/dags/{DAG_ID}/runs/{quote(run_id, safe='')}")
     wait = WebDriverWait(driver, 60)
-    wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, "[data-testid=task-collect]")))
+    wait.until(visible(By.CSS_SELECTOR, "[data-testid=task-collect]"))
 
     def all_tasks_successful(d: WebDriver) -> bool:
         states = [badge.text.strip() for badge in d.find_elements(By.CSS_SELECTOR, "[data-testid=table-cell-state]")]
