@@ -58,16 +58,12 @@ def airflow_env(home: Path, s3: LocalS3) -> dict[str, str]:
     return env
 
 
-def airflow(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([str(AIRFLOW), *args], env=env, cwd=REPO_ROOT, check=check)
-
-
 def prepare(home: Path, s3: LocalS3) -> dict[str, str]:
     """The environment for Airflow commands on `home`, whose database is migrated and holds no
     run an interrupted command left unfinished. Called while holding the home."""
     home.mkdir(parents=True, exist_ok=True)
     env = airflow_env(home, s3)
-    airflow(env, "db", "migrate")
+    subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, cwd=REPO_ROOT, check=True)
     fail_unfinished_runs(home, env)
     return env
 

@@ -34,14 +34,13 @@ def parents_and_states() -> dict[int, tuple[int, str]]:
     return found
 
 
-def descendants(root: int | None = None) -> list[int]:
-    """Pids of every live process below `root` (this process by default), parents first."""
-    table = parents_and_states()
+def descendants() -> list[int]:
+    """Pids of every live process below this one, parents first."""
     children: dict[int, list[int]] = {}
-    for pid, (parent, state) in table.items():
+    for pid, (parent, state) in parents_and_states().items():
         if state != "Z":
             children.setdefault(parent, []).append(pid)
-    found, todo = [], [root or os.getpid()]
+    found, todo = [], [os.getpid()]
     while todo:
         for child in sorted(children.get(todo.pop(0), [])):
             found.append(child)
@@ -49,13 +48,15 @@ def descendants(root: int | None = None) -> list[int]:
     return found
 
 
-def signal_all(number: int, root: int | None = None) -> list[int]:
-    """Send signal `number` to every process below `root`; returns their pids."""
-    pids = descendants(root)
-    for pid in pids:
+def signal_all(number: int) -> None:
+    """Send signal `number` to every process below this one."""
+    for pid in descendants():
         with suppress(ProcessLookupError):
             os.kill(pid, number)
-    return pids
+
+
+def kill_all() -> None:
+    signal_all(signal.SIGKILL)
 
 
 def reap_orphans(keep: int) -> None:
@@ -66,7 +67,3 @@ def reap_orphans(keep: int) -> None:
         if parent == me and state == "Z" and pid != keep:
             with suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-
-
-def kill_all(root: int | None = None) -> None:
-    signal_all(signal.SIGKILL, root)
