@@ -4,7 +4,7 @@
 validate_config → tokenize → window → positional_embed → export → train → generate → collect → promote
 
 With `target: emr` in pipeline.yaml each stage is an EMR step on a cluster made for the run:
-validate_config → create_cluster → {stage}_step → {stage}_wait … → collect → promote, terminate_cluster
+validate_config → create_cluster → tokenize → … → generate → collect → promote, terminate_cluster
 
 Each stage is a Spark application run with spark-submit (include/spark_submit.py builds the
 command for every target); stages talk only through the run folder `{lake}/runs/{run}/`.
@@ -171,10 +171,10 @@ with DAG(
         chain(run_dir, *stages, report)
         promote(report)
     else:
-        # create_cluster -> {stage}_step -> {stage}_wait ... -> collect -> terminate_cluster (a
-        # teardown: it runs whatever happened, and a failed step still fails the run).
+        # create_cluster -> one step per stage -> collect -> terminate_cluster (a teardown: it
+        # runs whatever happened, and a failed step still fails the run).
         prepared = validate_config_for_emr()
-        create, last_wait, terminate = emr_tasks.cluster_tasks(CONFIG, prepared)
+        create, last_stage, terminate = emr_tasks.cluster_tasks(CONFIG, prepared)
         report = collect(prepared["run_dir"])
-        last_wait >> report >> terminate
+        last_stage >> report >> terminate
         promote(report)

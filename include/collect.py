@@ -41,6 +41,12 @@ class RunFolder:
             return sorted(key[len(prefix) + 1 :] for key in keys)
         return [posixpath.relpath(uri, self.uri) for uri in lake.list_files(self.uri)]
 
+    def has(self, relative: str) -> bool:
+        uri = lake.join(self.uri, relative)
+        if uri.startswith("s3://"):
+            return self.hook.check_for_key(uri)
+        return lake.exists(uri)
+
     def read(self, relative: str) -> bytes:
         uri = lake.join(self.uri, relative)
         if uri.startswith("s3://"):

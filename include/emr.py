@@ -93,6 +93,8 @@ def job_flow_overrides(config: PipelineConfig, run_id: str) -> dict:
     return fill(template["job_flow"], values)
 
 
+# A stage's step that fails is added again this many times (not after bad input or its time limit).
+STEP_RETRIES = 1
 # Left free on each core node for the YARN application master of the step's Spark application.
 APPLICATION_MASTER_MB = 2048
 
@@ -168,9 +170,9 @@ def hourly_cost_usd(config: PipelineConfig) -> float:
 
 
 def max_cluster_hours(config: PipelineConfig) -> float:
-    """The longest a cluster can live: every step at its sensor limit, then the idle timeout
-    (in case Airflow is gone and no one terminates it)."""
-    seconds = sum(sensor_limits(stage, config)["timeout"] for stage in STAGES)
+    """The longest a cluster can live: every step at its time limit in each of its tries, then the
+    idle timeout (in case Airflow is gone and no one terminates it)."""
+    seconds = (1 + STEP_RETRIES) * sum(sensor_limits(stage, config)["timeout"] for stage in STAGES)
     return round(seconds / 3600 + config.emr.idle_timeout_minutes / 60, 2)
 
 

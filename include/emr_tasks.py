@@ -1,12 +1,13 @@
 """The EMR target as Airflow tasks, built from include/emr.py with the amazon provider's operators.
 
     prepared = prepare_task(...)  # a @task(multiple_outputs=True) returning emr_tasks.prepare(...)
-    create, last_wait, terminate = emr_tasks.cluster_tasks(config, prepared)
-    last_wait >> collect >> terminate
+    create, last_stage, terminate = emr_tasks.cluster_tasks(config, prepared)
+    last_stage >> collect >> terminate
 
-create_cluster -> {stage}_step -> {stage}_wait -> ... -> terminate_cluster. terminate_cluster is a
-teardown task: it runs whatever happened to the steps, and since Airflow leaves teardown tasks out
-of the run's state, a failed step still fails the run.
+create_cluster -> tokenize -> window -> ... -> generate -> terminate_cluster. Each stage is one
+EmrStageSensor task: it adds the stage's EMR step and waits for it, so that a retry runs the stage
+again. terminate_cluster is a teardown task: it runs whatever happened to the steps, and since
+Airflow leaves teardown tasks out of the run's state, a failed step still fails the run.
 """
 
 from __future__ import annotations
@@ -14,15 +15,14 @@ from __future__ import annotations
 import logging
 
 from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-from airflow.providers.amazon.aws.operators.emr import (
-    EmrAddStepsOperator,
-    EmrCreateJobFlowOperator,
-    EmrTerminateJobFlowOperator,
-)
+from airflow.providers.amazon.aws.operators.emr import EmrCreateJobFlowOperator, EmrTerminateJobFlowOperator
 from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from include import emr
+from include.collect import RunFolder
 from include.spark_submit import STAGES
+from spark_jobs.lib import lake
 from spark_jobs.lib.config import PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -30,10 +30,10 @@ log = logging.getLogger(__name__)
 
 def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, stages=STAGES) -> dict:
     """Check the run fits the DAG's sensor limits, upload it, and return what the EMR tasks send:
-    `run_dir`, `job_flow_overrides` and `{stage}_steps` (run it as a task with multiple_outputs=True)."""
+    `run_dir`, `job_flow_overrides` and `{stage}_step` (run it as a task with multiple_outputs=True)."""
     emr.check_sensor_limits(config, dag_config)
     request = emr.job_flow_overrides(config, run_id)
-    steps = {f"{stage}_steps": [emr.stage_step(stage, config, run_id)] for stage in stages}
+    steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in stages}
     hourly, hours = emr.hourly_cost_usd(config), emr.max_cluster_hours(config)
     log.info("cluster: about $%.2f per hour on demand; at most %.1f hours (about $%.0f) with these limits",
              hourly, hours, hourly * hours)
@@ -41,30 +41,87 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, sta
     return {"run_dir": uploaded["run_dir"], "job_flow_overrides": request, **steps}
 
 
+FAILED_STEP_STATES = ("CANCELLED", "FAILED", "INTERRUPTED")
+
+
+def step_name(stage: str, try_number: int) -> str:
+    return stage if try_number == 1 else f"{stage} (try {try_number})"
+
+
+class EmrStageSensor(EmrStepSensor):
+    """One stage on the cluster: adds the stage's EMR step, then waits for it as EmrStepSensor does.
+
+    Adding and waiting are one task so that a retry runs the stage again: a retried sensor alone
+    would only read the same failed step (stages rewrite their outputs, and train resumes from its
+    checkpoints). Each try names its step after itself, so the pokes of a try wait on the step the
+    try added instead of adding another, and a try that finds the stage's newest step still
+    running or completed (its task failed, not the step) waits on that one. A failed step's error,
+    which the stage leaves in the run folder, is logged at once; bad input fails the task without
+    its retry, as on the local target, and so does the time limit."""
+
+    template_fields = (*EmrStepSensor.template_fields, "step", "run_dir")
+
+    def __init__(self, *, stage: str, step: dict, run_dir: str, **kwargs):
+        super().__init__(step_id="", **kwargs)
+        self.stage, self.step, self.run_dir = stage, step, run_dir
+
+    def poke(self, context) -> bool:
+        self.step_id = self.current_step(step_name(self.stage, context["ti"].try_number))
+        try:
+            return super().poke(context)
+        except AirflowException:
+            self.report_stage_error()
+            raise
+
+    def current_step(self, name: str) -> str:
+        newest = next(iter(self.stage_steps()), None)
+        if newest is None or (newest["Status"]["State"] in FAILED_STEP_STATES and newest["Name"] != name):
+            (step_id,) = self.hook.add_job_flow_steps(job_flow_id=self.job_flow_id, steps=[{**self.step, "Name": name}])
+            self.log.info("added step %s (%s) to cluster %s", step_id, name, self.job_flow_id)
+            return step_id
+        return newest["Id"]
+
+    def stage_steps(self) -> list[dict]:
+        """The cluster's steps of this stage, newest first."""
+        pages = self.hook.conn.get_paginator("list_steps").paginate(ClusterId=self.job_flow_id)
+        steps = [step for page in pages for step in page["Steps"]]
+        return [step for step in steps if step["Name"] == self.stage or step["Name"].startswith(f"{self.stage} (try ")]
+
+    def report_stage_error(self) -> None:
+        path = lake.error_path(self.stage)
+        run = RunFolder(self.run_dir, S3Hook(aws_conn_id=self.aws_conn_id, region_name=self.region_name))
+        if not run.has(path):
+            self.log.error("%s left no %s in the run folder: its step log (stderr.gz) under emr.log_uri says why",
+                           self.stage, path)
+            return
+        error = run.read_json(path)
+        self.log.error("%s stopped: %s", self.stage, error["error"])
+        if error["bad_input"]:  # the same input would stop the retry too
+            raise AirflowFailException(f"{self.stage}: {error['error']}")
+
+
 def cluster_tasks(config: PipelineConfig, prepared, stages=STAGES, sensor_mode: str = "reschedule"):
-    """The cluster's tasks in order; returns (create, the last step's sensor, terminate)."""
+    """The cluster's tasks in order; returns (create, the last stage's task, terminate)."""
     aws = {"aws_conn_id": config.emr.aws_conn_id, "region_name": config.emr.region}
-    # No retries: a retried create would start a second cluster, a retried add a second step, and
-    # a retried sensor would only read the same failed step again (boto3 retries API errors itself).
+    # No retries: a retried create would start a second cluster (boto3 retries API errors itself).
     create = EmrCreateJobFlowOperator(
         task_id="create_cluster", job_flow_overrides=prepared["job_flow_overrides"], emr_conn_id=None, retries=0, **aws
     )
     previous = create
     for stage in stages:
-        add = EmrAddStepsOperator(
-            task_id=f"{stage}_step", job_flow_id=create.output, steps=prepared[f"{stage}_steps"], retries=0, **aws
-        )
-        wait = EmrStepSensor(
-            task_id=f"{stage}_wait",
+        run = EmrStageSensor(
+            task_id=stage,
+            stage=stage,
+            step=prepared[f"{stage}_step"],
+            run_dir=prepared["run_dir"],
             job_flow_id=create.output,
-            step_id=f"{{{{ ti.xcom_pull(task_ids='{stage}_step')[0] }}}}",
             mode=sensor_mode,
-            retries=0,
+            retries=emr.STEP_RETRIES,
             **emr.sensor_limits(stage, config),
             **aws,
         )
-        previous >> add >> wait
-        previous = wait
+        previous >> run
+        previous = run
     terminate = EmrTerminateJobFlowOperator(task_id="terminate_cluster", job_flow_id=create.output, **aws)
     previous >> terminate.as_teardown(setups=create)
     return create, previous, terminate

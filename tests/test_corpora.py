@@ -95,10 +95,33 @@ def test_bad_file_fails_by_default(spark, tmp_path, capsys, shakespeare_slice, c
     (shakespeare_slice.parent / "bad.dat").write_bytes(content)
     run, code = run_tokenize(small_config(tmp_path, shakespeare_slice.parent))
     assert code == 2
-    assert error_line(capsys) == (
-        f"ERROR [tokenize] corpus file {(shakespeare_slice.parent / 'bad.dat').as_uri()} {problem}; "
-        "set data.bad_files=skip to leave such files out"
-    )
+    message = f"corpus file {(shakespeare_slice.parent / 'bad.dat').as_uri()} {problem}; set data.bad_files=skip to leave such files out"
+    assert error_line(capsys) == f"ERROR [tokenize] {message}"
+    # The error also stays in the run folder, for a DAG task watching the stage from elsewhere.
+    assert lake.read_json(lake.join(run, lake.error_path("tokenize"))) == {"stage": "tokenize", "error": message, "bad_input": True}
+
+
+def test_a_stage_that_crashes_leaves_its_error_and_a_later_success_removes_it(spark, tmp_path, shakespeare_slice):
+    run = new_run(small_config(tmp_path, shakespeare_slice), "crash")
+
+    def crashing_body(session, config, run_dir):
+        raise RuntimeError("executor lost " + "x" * 3000)
+
+    with pytest.raises(RuntimeError, match="executor lost"):
+        run_stage("tokenize", crashing_body, ["--run-dir", run])
+    error = lake.read_json(lake.join(run, lake.error_path("tokenize")))
+    assert error["bad_input"] is False and error["error"].startswith("RuntimeError: executor lost xxx")
+    assert len(error["error"]) < 2100  # a Java stack trace in a message is cut
+
+    run_stage("tokenize", tokenize_corpus.body, ["--run-dir", run])
+    assert not lake.exists(lake.join(run, lake.error_path("tokenize")))
+    assert lake.exists(lake.stats_uri(run, "tokenize"))
+
+
+def test_no_error_file_outside_a_run_folder(spark, tmp_path):
+    with pytest.raises(SystemExit):
+        run_stage("tokenize", tokenize_corpus.body, ["--run-dir", f"file://{tmp_path / 'typo'}"])
+    assert not (tmp_path / "typo").exists()
 
 
 def test_bad_file_is_skipped_with_a_warning(spark, tmp_path, capsys, shakespeare_slice):

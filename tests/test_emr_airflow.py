@@ -12,7 +12,7 @@ import runpy
 import threading
 import time
 import zipfile
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import boto3
@@ -26,7 +26,7 @@ from moto.server import ThreadedMotoServer
 
 from include import emr
 from include.spark_submit import STAGES, package_code
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, stage
 from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, REPO_ROOT, apply_overrides, load_config, read_yaml
 
 REGION = "us-east-1"
@@ -104,12 +104,14 @@ def run_job_flow_requests(monkeypatch) -> list[dict]:
 
 
 class Cluster(threading.Thread):
-    """Plays the EMR cluster: finishes every added step in order, failing the one of `fail_stage`;
-    a completed step writes its stage's marker into the run folder, as the real stage does."""
+    """Plays the EMR cluster: finishes every added step in order, as its stage would. `failures`
+    maps a stage to how many of its steps fail, each leaving its error in the run folder as the
+    stage does (bad input when `bad_input`); a completed step writes its stage's marker. The steps
+    of the stages in `hanging` run forever."""
 
-    def __init__(self, s3, fail_stage: str | None = None):
+    def __init__(self, s3, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=()):
         super().__init__(daemon=True)
-        self.s3, self.fail_stage = s3, fail_stage
+        self.s3, self.failures, self.bad_input, self.hanging = s3, dict(failures or {}), bad_input, hanging
         self.finished: list[str] = []
         self.stop = threading.Event()
 
@@ -123,14 +125,21 @@ class Cluster(threading.Thread):
             time.sleep(0.05)
 
     def finish(self, step) -> None:
-        if step.name == self.fail_stage:
+        stage_name = step.name.split(" (try ")[0]
+        if stage_name in self.hanging:
+            step.state = "RUNNING"
+            return
+        run_dir = step.args[step.args.index("--run-dir") + 1]
+        if self.failures.get(stage_name, 0) > 0:
+            self.failures[stage_name] -= 1
+            message = "the corpus is not UTF-8" if self.bad_input else "RuntimeError: the executor was lost"
+            stage.record_error(run_dir, stage_name, message, bad_input=self.bad_input)
             step.state = "FAILED"
         else:
-            run_dir = step.args[step.args.index("--run-dir") + 1]
-            outputs = {lake.stats_uri(run_dir, step.name): b"{}"}
-            if step.name == "train":
+            outputs = {lake.stats_uri(run_dir, stage_name): b"{}"}
+            if stage_name == "train":
                 outputs[lake.stats_uri(run_dir, "train")] = json.dumps(TRAIN_STATS).encode()
-            if step.name == "generate":
+            if stage_name == "generate":
                 outputs[lake.join(run_dir, "samples.txt")] = b"The man starts with a song"
             for uri, body in outputs.items():
                 bucket, key = emr.split_s3_uri(uri)
@@ -148,9 +157,13 @@ class Cluster(threading.Thread):
         self.join()
 
 
-def run_dag(aws, fail_stage: str | None = None):
+def run_dag(aws, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), time_limit_s=None):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
-    with Cluster(aws["s3"], fail_stage) as cluster:
+    for stage_name in STAGES:
+        dag.get_task(stage_name).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
+        if time_limit_s:
+            dag.get_task(stage_name).timeout = time_limit_s
+    with Cluster(aws["s3"], failures, bad_input, hanging) as cluster:
         dag_run = dag.test()
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     return dag_run, states, cluster.finished
@@ -254,19 +267,51 @@ def test_promote_if_better_is_skipped_when_latest_points_at_a_better_model(airfl
     assert asset_events(dag_run) == []
 
 
-def test_a_failed_step_fails_the_run_and_the_cluster_is_still_terminated(airflow_db, aws, monkeypatch):
-    dag_run, states, finished = run_dag(aws, fail_stage="window")
+def step_states(aws) -> list[tuple[str, str]]:
+    """(name, state) of the only cluster's steps, oldest first."""
+    steps = aws["emr"].list_steps(ClusterId=only_cluster(aws)["Id"])["Steps"]
+    return [(step["Name"], step["Status"]["State"]) for step in reversed(steps)]
+
+
+def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, aws, capfd):
+    dag_run, states, finished = run_dag(aws, failures={"window": 1})
+
+    assert dag_run.state == "success" and set(states.values()) == {"success"}, states
+    assert finished == ["tokenize", "window", "window (try 2)", *STAGES[2:]]
+    assert step_states(aws)[:3] == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "COMPLETED")]
+    assert "window stopped: RuntimeError: the executor was lost" in "".join(capfd.readouterr())
+    # the retried step is the same command
+    steps = {step["Name"]: step["Config"]["Args"] for step in aws["emr"].list_steps(ClusterId=only_cluster(aws)["Id"])["Steps"]}
+    assert steps["window (try 2)"] == steps["window"]
+
+
+def test_a_step_that_fails_in_every_try_fails_the_run_and_the_cluster_is_still_terminated(airflow_db, aws):
+    dag_run, states, finished = run_dag(aws, failures={"window": 2})
 
     assert dag_run.state == "failed"
-    assert states["tokenize_wait"] == "success"
-    assert states["window_wait"] == "failed"
-    assert states["positional_embed_step"] == states["collect"] == states["promote"] == "upstream_failed"
+    assert states["tokenize"] == "success" and states["window"] == "failed"
+    assert states["positional_embed"] == states["collect"] == states["promote"] == "upstream_failed"
     assert states["terminate_cluster"] == "success"
-    assert finished == ["tokenize", "window"]
-    cluster = only_cluster(aws)
-    assert cluster["Status"]["State"] == "TERMINATED"
-    steps = aws["emr"].list_steps(ClusterId=cluster["Id"])["Steps"]
-    assert sorted(step["Name"] for step in steps) == ["tokenize", "window"]
+    assert finished == ["tokenize", "window", "window (try 2)"]
+    assert only_cluster(aws)["Status"]["State"] == "TERMINATED"
+    assert step_states(aws) == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "FAILED")]
+
+
+def test_a_stage_stopped_by_bad_input_fails_at_once_with_its_error(airflow_db, aws, capfd):
+    dag_run, states, finished = run_dag(aws, failures={"tokenize": 2}, bad_input=True)
+
+    assert dag_run.state == "failed" and states["tokenize"] == "failed"
+    assert "AirflowFailException: tokenize: the corpus is not UTF-8" in "".join(capfd.readouterr())
+    assert step_states(aws) == [("tokenize", "FAILED")]
+    assert only_cluster(aws)["Status"]["State"] == "TERMINATED"
+
+
+def test_a_step_out_of_time_fails_its_task_without_a_retry(airflow_db, aws):
+    dag_run, states, finished = run_dag(aws, hanging={"window"}, time_limit_s=3)
+
+    assert dag_run.state == "failed" and states["window"] == "failed"
+    assert (dag_run.get_task_instance("window").try_number, states["terminate_cluster"]) == (1, "success")
+    assert step_states(aws) == [("tokenize", "COMPLETED"), ("window", "RUNNING")]  # moto leaves it so on terminate
 
 
 def test_a_corpus_too_small_for_a_window_fails_before_any_cluster_exists(airflow_db, aws, capfd):
@@ -282,16 +327,17 @@ def test_a_corpus_too_small_for_a_window_fails_before_any_cluster_exists(airflow
     assert [item["Key"] for item in aws["s3"].list_objects_v2(Bucket=BUCKET)["Contents"]] == ["corpus/sonnets.txt"]
 
 
-def test_sensors_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr_defaults):
+def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr_defaults):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     config = load_config(overrides=OVERRIDES)
-    for stage in STAGES:
-        sensor, limits = dag.get_task(f"{stage}_wait"), emr.sensor_limits(stage, config)
+    for stage_name in STAGES:
+        sensor, limits = dag.get_task(stage_name), emr.sensor_limits(stage_name, config)
         assert (float(sensor.timeout), sensor.max_attempts, sensor.poke_interval) == (
             limits["timeout"], limits["max_attempts"], limits["poke_interval"]
         )
         assert sensor.region_name == config.emr.region and sensor.aws_conn_id == config.emr.aws_conn_id
-    assert dag.get_task("train_wait").timeout > dag.get_task("window_wait").timeout
-    assert {dag.get_task(task_id).retries for task_id in ("create_cluster", "train_step", "train_wait")} == {0}
+        assert sensor.retries == emr.STEP_RETRIES == 1
+    assert dag.get_task("train").timeout > dag.get_task("window").timeout
+    assert dag.get_task("create_cluster").retries == 0
     terminate = dag.get_task("terminate_cluster")
-    assert terminate.is_teardown and {"collect", "generate_wait"} <= terminate.upstream_task_ids
+    assert terminate.is_teardown and {"collect", "generate"} <= terminate.upstream_task_ids

@@ -176,3 +176,4 @@ def test_a_bad_file_fails_the_application_with_exit_code_2(tmp_path, code_dir, c
         "(byte 0xfc at offset 2); set data.bad_files=skip to leave such files out"
     ]
     assert not lake.exists(lake.stats_uri(run, "tokenize"))
+    assert lake.read_json(lake.join(run, lake.error_path("tokenize")))["bad_input"] is True

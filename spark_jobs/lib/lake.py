@@ -211,6 +211,11 @@ def stats_uri(run: str, stage: str) -> str:
     return join(run, "stats", f"{stage}.json")
 
 
+def error_path(stage: str) -> str:
+    """Where, in the run folder, a stage that stopped on an error leaves it (see stage.record_error)."""
+    return f"errors/{stage}.json"
+
+
 def clear_stage(run: str, stage: str) -> list[str]:
     """Mark a stage and the stages that read its outputs as not complete; returns those of them
     that were complete."""

@@ -59,6 +59,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dic
     run = args.run_dir.rstrip("/")
     try:
         config = load_run_config(run)
+        lake.delete(lake.join(run, lake.error_path(stage)))
         stale = [name for name in lake.clear_stage(run, stage) if name != stage]
         if stale:
             note = f"NOTE [{stage}] {', '.join(stale)} read this stage's outputs: no longer complete"
@@ -73,9 +74,28 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dic
         lake.complete_stage(run, stage, stats)
     except PipelineError as error:
         print(f"ERROR [{stage}] {error}", file=sys.stderr, flush=True)
+        record_error(run, stage, str(error), bad_input=True)
         sys.exit(BAD_INPUT_EXIT)
+    except Exception as error:
+        record_error(run, stage, f"{type(error).__name__}: {error}", bad_input=False)
+        raise
     print(f"[{stage}] done: {json.dumps(brief(stats, f'stats/{stage}.json'), sort_keys=True)}", flush=True)
     return stats
+
+
+def record_error(run: str, stage: str, message: str, bad_input: bool, longest: int = 2000) -> None:
+    """Leave the error in the run folder (errors/{stage}.json) for whoever runs the stage from
+    elsewhere: an EMR step's own log reaches S3 only minutes after it ends, and the DAG's task shows
+    this file at once and does not retry bad input. Only in a real run folder (one with its config),
+    and only as far as writing works: the error itself is what the stage reports."""
+    uri = lake.join(run, lake.error_path(stage))
+    if len(message) > longest:
+        message = message[:longest] + " ..."
+    try:
+        if lake.exists(lake.join(run, lake.CONFIG_FILE)):
+            lake.write_json(uri, {"stage": stage, "error": message, "bad_input": bad_input})
+    except Exception as failure:  # the stage's own error must still be reported
+        warn(stage, f"could not write {uri}: {failure}")
 
 
 def warn(stage: str, message: str) -> None:
