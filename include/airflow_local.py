@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -207,18 +208,33 @@ def run(config: PipelineConfig, conf: dict) -> int:
 
 
 def ui(config: PipelineConfig) -> int:
-    with exclusive_home(AIRFLOW_HOME, "make airflow"), LocalS3(buckets=(config.s3.bucket,)) as s3:
-        env = prepare(AIRFLOW_HOME, s3)
-        env.setdefault("AIRFLOW__API__HOST", "127.0.0.1")
-        env.setdefault("AIRFLOW__API__PORT", "8080")
-        api = f"http://{env['AIRFLOW__API__HOST']}:{env['AIRFLOW__API__PORT']}"
-        env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{api}/execution/"
-        # One local user: no login page; the API server listens on loopback only. Setting the
-        # variable to False brings back the login page (user admin, password in airflow_home/).
-        env.setdefault("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "True")
-        print(f"Airflow UI: {api} (DAG {DAG_ID}); "
-              f"S3 (moto): {s3.endpoint_url}; Ctrl-C stops both", flush=True)
-        return serve(env)
+    host, port = os.environ.get("AIRFLOW__API__HOST", "127.0.0.1"), os.environ.get("AIRFLOW__API__PORT", "8080")
+    with exclusive_home(AIRFLOW_HOME, "make airflow"):
+        check_port_free(host, port)
+        with LocalS3(buckets=(config.s3.bucket,)) as s3:
+            env = prepare(AIRFLOW_HOME, s3)
+            env["AIRFLOW__API__HOST"], env["AIRFLOW__API__PORT"] = host, port
+            api = f"http://{host}:{port}"
+            env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{api}/execution/"
+            # One local user: no login page; the API server listens on loopback only. Setting the
+            # variable to False brings back the login page (user admin, password in airflow_home/).
+            env.setdefault("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "True")
+            print(f"Airflow UI: {api} (DAG {DAG_ID}); S3 (moto): {s3.endpoint_url}; Ctrl-C stops both", flush=True)
+            return serve(env)
+
+
+def check_port_free(host: str, port: str) -> None:
+    """Airflow standalone carries on without its API server when the port is taken: the UI address
+    would be another program's, and the tasks would send their state there."""
+    with closing(socket.socket()) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the API server binds: past connections do not count
+        try:
+            probe.bind((host, int(port)))
+        except OSError as error:
+            raise PipelineError(
+                f"{host}:{port} is taken ({error.strerror}): stop what listens there, or give Airflow another "
+                f"port with AIRFLOW__API__PORT, e.g. `AIRFLOW__API__PORT=8081 make airflow`"
+            ) from None
 
 
 def serve(env: dict[str, str]) -> int:

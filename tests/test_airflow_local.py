@@ -72,6 +72,24 @@ def test_a_missing_or_too_small_corpus_is_named_before_airflow_starts(tmp_path, 
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
+def test_a_taken_ui_port_is_named_before_airflow_starts(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        monkeypatch.setenv("AIRFLOW__API__PORT", str(port))
+        assert airflow_local.main(["ui"]) == 2
+    error = capsys.readouterr().err
+    assert f"ERROR 127.0.0.1:{port} is taken (Address already in use): stop what listens there, or give Airflow" in error
+    assert not any((tmp_path / "home").glob("*.db")), "Airflow's database was made"
+    # A port whose last connections are closing (TIME_WAIT) is free, as the API server binds it.
+    with socket.create_server(("127.0.0.1", port)) as server, socket.create_connection(("127.0.0.1", port)) as client:
+        accepted, _ = server.accept()
+        accepted.close()  # the server side closes first: its end waits in TIME_WAIT
+    airflow_local.check_port_free("127.0.0.1", str(port))
+
+
 def start_make_run(home: Path, corpus: Path, log: Path) -> subprocess.Popen:
     """`make run`'s command in a process group of its own, as a terminal starts it (SIGINT not ignored)."""
     command = [sys.executable, "-m", "include.airflow_local", "run", "--corpus", str(corpus),
