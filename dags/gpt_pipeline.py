@@ -41,7 +41,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, A
 from include import emr, emr_tasks, local_runner, trigger_form
 from include.collect import AWS_CONN_ID, collect_record, latest_folder, promote_record
 from include.spark_submit import STAGES, package_code
-from spark_jobs.lib import corpus, lake
+from spark_jobs.lib import corpus, lake, memory
 from spark_jobs.lib.config import ConfigError, PipelineConfig, defaults_path, load_config, read_yaml
 from spark_jobs.lib.errors import name_some
 from spark_jobs.lib.stage import load_run_config
@@ -83,11 +83,17 @@ def check_corpus(config: PipelineConfig, sizes: dict[str, int]) -> None:
     corpus.check_fits(config, sizes)
 
 
+def log_training_memory(need: dict) -> None:
+    log.info("training: about %s MB per worker (%s)", f"{need['total']:,}",
+             ", ".join(f"{name} {value:,}" for name, value in need.items() if name != "total"))
+
+
 @task(retries=0)
 def validate_config() -> str:
     """Build this run's config from pipeline.yaml and the trigger form, check it, create the run folder."""
     config, run_id = form_config()
     check_corpus(config, lake.corpus_files(config))
+    log_training_memory(memory.check_local_training(config))
     run_dir = lake.create_run(config, run_id)
     log.info("run folder: %s", run_dir)
     return run_dir

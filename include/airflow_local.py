@@ -28,7 +28,7 @@ from pathlib import Path
 from include.collect import REPORT_JSON, latest_key
 from include import process_tree
 from include.local_s3 import LocalS3
-from spark_jobs.lib import corpus, lake
+from spark_jobs.lib import corpus, lake, memory
 from spark_jobs.lib.config import REPO_ROOT, PipelineConfig, defaults_path, load_config
 from spark_jobs.lib.errors import PipelineError
 
@@ -270,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                 "target 'local', their S3 a moto server on this machine; run target 'emr' from an Airflow with "
                 "an AWS connection (README: Running on AWS EMR)"
             )
-        corpus.check_fits(config, lake.corpus_files(config))  # the DAG's first task checks it again
+        corpus.check_fits(config, lake.corpus_files(config))  # the DAG's first task checks both again
+        memory.check_local_training(config)
         if args.command == "ui":
             return ui(config)
         return run(config, conf)

@@ -104,9 +104,7 @@ def train_resources(config: PipelineConfig) -> dict[str, str]:
     stage gets exactly one TensorFlow worker per node. TensorFlow runs in the Python worker,
     outside the JVM heap, so most of the container's memory is overhead."""
     node = instance_type(config, "core_instance_type")
-    container_mb = node["yarn_memory_mb"] - APPLICATION_MASTER_MB
-    heap_mb = container_mb // 4
-    overhead_mb = container_mb - heap_mb
+    heap_mb, overhead_mb = train_executor_memory_mb(config)
     return {
         "spark.executor.instances": str(config.train.num_workers),
         "spark.executor.cores": str(node["vcpus"]),
@@ -114,6 +112,13 @@ def train_resources(config: PipelineConfig) -> dict[str, str]:
         "spark.executor.memory": f"{heap_mb}m",
         "spark.executor.memoryOverhead": f"{overhead_mb}m",
     }
+
+
+def train_executor_memory_mb(config: PipelineConfig) -> tuple[int, int]:
+    """(JVM heap, overhead) of a train executor; the overhead is what its TensorFlow worker has."""
+    container_mb = instance_type(config, "core_instance_type")["yarn_memory_mb"] - APPLICATION_MASTER_MB
+    heap_mb = container_mb // 4
+    return heap_mb, container_mb - heap_mb
 
 
 def stage_step(stage: str, config: PipelineConfig, run_id: str) -> dict:

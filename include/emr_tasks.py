@@ -22,7 +22,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from include import emr
 from include.collect import RunFolder
 from include.spark_submit import STAGES
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,10 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, sta
     """Check the run fits the DAG's sensor limits, upload it, and return what the EMR tasks send:
     `run_dir`, `job_flow_overrides` and `{stage}_step` (run it as a task with multiple_outputs=True)."""
     emr.check_sensor_limits(config, dag_config)
+    worker_mb = emr.train_executor_memory_mb(config)[1]
+    where = f"on an {config.emr.core_instance_type} core node (emr.core_instance_type: its train executor's overhead)"
+    need = memory.check_training_fits(config, worker_mb, where)
+    log.info("training: about %s MB per worker of the %s MB it has", f"{need['total']:,}", f"{worker_mb:,}")
     request = emr.job_flow_overrides(config, run_id)
     steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in stages}
     hourly, hours = emr.hourly_cost_usd(config), emr.max_cluster_hours(config)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from include import class_archive
 from include.spark_submit import STAGES, local_master, package_code, spark_submit_argv
-from spark_jobs.lib import corpus, lake
+from spark_jobs.lib import corpus, lake, memory
 from spark_jobs.lib.config import ConfigError, PipelineConfig, apply_overrides, load_config, validate
 from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 
@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes = lake.corpus_files(config)
         if "tokenize" in stages:
             corpus.check_fits(config, sizes)
+        if "train" in stages:
+            memory.check_local_training(config)
         run_id = args.run_id or f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
         run_dir = run_pipeline(config, run_id, stages)
     except (PipelineError, StageFailed) as error:

@@ -21,7 +21,7 @@ from include.local_runner import local_argv, run_pipeline, run_stage, spark_env
 from include.local_s3 import LocalS3
 from include.spark_submit import package_code
 from spark_jobs.generate import load_model
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import REPO_ROOT, load_config
 from spark_jobs.lib.train_state import BACKUP
 from spark_jobs.lib.train_stats import EPOCH_COLUMNS
@@ -87,6 +87,12 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared):
     assert float(last["val_loss"]) < float(first["val_loss"])
     assert float(last["val_nats_per_char"]) == pytest.approx(stats["final_val_nats_per_char"], rel=1e-5)
     assert float(first["grad_norm_min"]) <= float(first["grad_norm_mean"]) <= float(first["grad_norm_max"])
+    # The windows were small enough to stay in memory, and the memory estimate runs were checked
+    # against came close to what the workers reached.
+    assert all(worker["windows_in_memory"] for worker in workers)
+    vocab = lake.read_json(lake.join(run, "tfrecords", "manifest.json"))["vocab_size"]
+    peak = max(float(row["process_memory_max_mb"]) for row in rows)
+    assert 0.8 <= memory.worker_peak_mb(config, vocab)["total"] / peak <= 1.3, peak
 
     assert sorted(lake.list_files(lake.join(run, "model"))) == [
         lake.join(run, "model", "model.keras"),

@@ -83,3 +83,32 @@ def test_an_interval_row_summarises_its_steps():
     header, line = epochs_csv([row]).splitlines()
     assert header.split(",") == list(EPOCH_COLUMNS)
     assert line.startswith("1,2,1500.0,2.5,0.5,2.0,0.4,")
+
+
+def test_windows_stay_in_memory_only_while_they_fit_a_quarter_of_the_free_memory():
+    one_window = 128 * train_data.WINDOW_BYTES_PER_TOKEN
+    assert train_data.keep_in_memory(1000, 128, free_bytes=4 * 1000 * one_window)
+    assert not train_data.keep_in_memory(1001, 128, free_bytes=4 * 1000 * one_window)
+    assert train_data.shuffle_buffer(128) == 100_000  # the default shape keeps its buffer
+    assert train_data.shuffle_buffer(4096) * 4096 * train_data.WINDOW_BYTES_PER_TOKEN <= train_data.SHUFFLE_BUFFER_BYTES
+    assert train_data.shuffle_buffer(10**7) == 1_000
+
+
+def test_streamed_windows_give_the_same_batches_as_windows_kept_in_memory(tmp_path):
+    from spark_jobs.lib import tfrecord
+
+    block_size = 8
+    windows = np.random.default_rng(7).integers(0, 500, size=(300, block_size + 1))
+    path = tmp_path / "part-00000.tfrecord"
+    path.write_bytes(tfrecord.windows_to_tfrecord_bytes(windows))
+
+    def first_batches(in_memory: bool, take: int = 60) -> list[np.ndarray]:
+        batches = train_data.train_batches([str(path)], block_size, 16, seed=3, skip_batches=2, in_memory=in_memory)
+        return [inputs.numpy() for inputs, _ in batches.take(take)]  # 60 batches: more than three passes
+
+    kept, streamed = first_batches(True), first_batches(False)
+    assert len(kept) == 60 and all(np.array_equal(a, b) for a, b in zip(kept, streamed))
+    evaluated = {flag: [t.numpy() for _, t in train_data.eval_batches([str(path)], block_size, 16, flag).take(3)]
+                 for flag in (True, False)}  # fmt: skip
+    assert all(np.array_equal(a, b) for a, b in zip(*evaluated.values()))
+    np.testing.assert_array_equal(evaluated[False][0], windows[:16, 1:])

@@ -53,7 +53,24 @@ def copy_shards(run: str, shards: list[str], local_dir: Path) -> list[str]:
     return [str(lake.download_file(lake.join(run, "tfrecords", shard), local_dir / shard)) for shard in shards]
 
 
-def windows_dataset(files: list[str], block_size: int):
+# A parsed window: input and target ids, int32.
+WINDOW_BYTES_PER_TOKEN = 8
+SHUFFLE_BUFFER_BYTES = 256 * 2**20
+
+
+def keep_in_memory(windows: int, block_size: int, free_bytes: int) -> bool:
+    """Whether a worker keeps its windows in memory, read and parsed once, rather than reading its
+    local shards again on every pass: only while they take at most a quarter of the memory free
+    when training starts, so that a large corpus streams instead of running the worker out of memory."""
+    return windows * block_size * WINDOW_BYTES_PER_TOKEN <= free_bytes // 4
+
+
+def shuffle_buffer(block_size: int) -> int:
+    """Windows in the shuffle buffer: 100,000, or fewer long ones (at most about 256 MB)."""
+    return min(100_000, max(1_000, SHUFFLE_BUFFER_BYTES // (WINDOW_BYTES_PER_TOKEN * block_size)))
+
+
+def windows_dataset(files: list[str], block_size: int, in_memory: bool):
     import tensorflow as tf
 
     features = {
@@ -65,17 +82,18 @@ def windows_dataset(files: list[str], block_size: int):
         example = tf.io.parse_single_example(record, features)
         return tf.cast(example["input_ids"], tf.int32), tf.cast(example["target_ids"], tf.int32)
 
-    return tf.data.TFRecordDataset(files).map(parse, num_parallel_calls=tf.data.AUTOTUNE).cache()
+    windows = tf.data.TFRecordDataset(files).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    return windows.cache() if in_memory else windows
 
 
-def train_batches(files: list[str], block_size: int, batch_size: int, seed: int, skip_batches: int):
+def train_batches(files: list[str], block_size: int, batch_size: int, seed: int, skip_batches: int, in_memory: bool):
     """Shuffled (a new order each pass, the same orders on every attempt), repeated, batched; the
     first `skip_batches` are skipped so a resumed run continues where its backup was taken."""
     import tensorflow as tf
 
-    windows = windows_dataset(files, block_size)
+    windows = windows_dataset(files, block_size, in_memory)
     return (
-        windows.shuffle(100_000, seed=seed, reshuffle_each_iteration=True)
+        windows.shuffle(shuffle_buffer(block_size), seed=seed, reshuffle_each_iteration=True)
         .repeat()
         .batch(batch_size, drop_remainder=True)
         .skip(skip_batches)
@@ -83,9 +101,10 @@ def train_batches(files: list[str], block_size: int, batch_size: int, seed: int,
     )
 
 
-def eval_batches(files: list[str], block_size: int, batch_size: int):
+def eval_batches(files: list[str], block_size: int, batch_size: int, in_memory: bool):
     """The validation windows in order, repeated, so every worker can always take the same number
     of batches (collective ops need every worker to run the same steps)."""
     import tensorflow as tf
 
-    return windows_dataset(files, block_size).repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    windows = windows_dataset(files, block_size, in_memory)
+    return windows.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from spark_jobs.lib import lake, train_data, train_state
 from spark_jobs.lib.config import PipelineConfig
@@ -108,14 +109,19 @@ class Worker:
         backup = train_state.load_backup(run, self.model, self.optimizer, self.fingerprint)
         self.start_step = backup["step"] if backup else 0
         self.rows = backup["rows"] if backup else []
+        windows = sum(self.manifest["splits"][split]["windows"] for split in train_data.SPLITS) // self.workers
+        self.in_memory = train_data.keep_in_memory(windows, self.block_size, psutil.virtual_memory().available)
+        if not self.in_memory and self.is_chief:
+            print(f"[train] {windows:,} windows per worker do not fit in memory: every pass reads them from local disk",
+                  flush=True)
         self.train_iterator = self._distributed(
             # A seed per worker: with equal shard sizes one seed would put the same positions of
             # every worker's shards (often overlapping neighbour windows) in the same batch.
             lambda: train_data.train_batches(files["train"], self.block_size, self.per_worker_batch,
-                                             config.train.seed + self.index, skip_batches=self.start_step)  # fmt: skip
+                                             config.train.seed + self.index, self.start_step, self.in_memory)  # fmt: skip
         )
         self.val_iterator = self._distributed(
-            lambda: train_data.eval_batches(files["val"], self.block_size, self.per_worker_batch)
+            lambda: train_data.eval_batches(files["val"], self.block_size, self.per_worker_batch, self.in_memory)
         )
         self._compile_steps()
 
@@ -235,6 +241,7 @@ class Worker:
             "final_val_nats_per_char": final.get("val_nats_per_char"),
             "final_val_accuracy": final.get("val_accuracy"),
             "parameters": int(sum(np.prod(w.shape) for w in self.model.trainable_weights)),
+            "windows_in_memory": self.in_memory,
             "optimizer_iterations": int(self.optimizer.iterations.numpy()),
         }
 

@@ -1,0 +1,87 @@
+"""The memory one training worker needs, so that a model too big for its machine is refused before
+a run starts (before a cluster exists on EMR) instead of being killed mid-training.
+
+One worker's peak resident memory is about
+
+    RUNTIME_MB + 4 bytes x (ACTIVATION_COPIES x b*T*L*D     activations kept for the backward pass
+                           + SCORE_COPIES x b*H*T*T*L      attention scores, T x T per head and layer
+                           + LOGIT_COPIES x b*T*V          logits and their softmax gradient
+                           + PARAMETER_COPIES x P)         weights, gradients, AdamW's two moments, ...
+
+with b the worker's share of the batch, T the block size, L layers of width D with H heads, V the
+vocabulary and P the parameters (float32 throughout). The constants are fitted on peaks measured by
+benchmarks/train_memory.py and rounded up; the runtime (TensorFlow, XLA compiling the step, the
+input pipeline) is the largest part for small models. The training windows come on top when the
+worker keeps them in memory, which it does only while they fit (train_data.keep_in_memory).
+"""
+
+from __future__ import annotations
+
+import os
+
+from spark_jobs.lib.config import ConfigError, PipelineConfig
+
+MB = 2**20
+RUNTIME_MB = 1000
+ACTIVATION_COPIES = 22
+SCORE_COPIES = 2
+LOGIT_COPIES = 2
+PARAMETER_COPIES = 6
+# Left on a local machine for Spark's driver, Airflow, the S3 server and the system.
+LOCAL_RESERVED_MB = 2048
+
+
+def parameters(config: PipelineConfig, vocab_size: int | None = None) -> int:
+    """The decoder's parameter count (spark_jobs.lib.model.build_decoder)."""
+    vocab = vocab_size or config.tokenizer.vocab_size
+    dim, mlp = config.embedding.dim, config.model.mlp_ratio
+    block = (4 + 2 * mlp) * dim * dim + (9 + mlp) * dim  # attention, MLP and two norms
+    embeddings = (vocab + config.data.block_size) * dim
+    return embeddings + config.model.n_layer * block + 2 * dim + dim * vocab + vocab
+
+
+def worker_peak_mb(config: PipelineConfig, vocab_size: int | None = None) -> dict[str, float]:
+    """The estimate's parts and their `total`, in MB."""
+    vocab = vocab_size or config.tokenizer.vocab_size
+    batch = config.train.batch_size // config.train.num_workers
+    length, layers, dim = config.data.block_size, config.model.n_layer, config.embedding.dim
+    parts = {
+        "runtime": RUNTIME_MB,
+        "activations": 4 * ACTIVATION_COPIES * batch * length * layers * dim / MB,
+        "attention_scores": 4 * SCORE_COPIES * batch * config.model.n_head * length * length * layers / MB,
+        "logits": 4 * LOGIT_COPIES * batch * length * vocab / MB,
+        "parameters": 4 * PARAMETER_COPIES * parameters(config, vocab) / MB,
+    }
+    return {**{name: round(value) for name, value in parts.items()}, "total": round(sum(parts.values()))}
+
+
+def machine_memory_mb() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MB
+
+
+def local_worker_mb(config: PipelineConfig, machine_mb: int | None = None) -> int:
+    """What each local worker has: the machine's memory, less what the rest of the run uses,
+    shared by train.num_workers TensorFlow processes."""
+    return ((machine_mb or machine_memory_mb()) - LOCAL_RESERVED_MB) // config.train.num_workers
+
+
+def check_training_fits(config: PipelineConfig, worker_mb: float, where: str) -> dict[str, float]:
+    """The estimate, or a ConfigError naming the settings that make it too big for `worker_mb`."""
+    need = worker_peak_mb(config)
+    if need["total"] > worker_mb:
+        parts = ", ".join(f"{name.replace('_', ' ')} {value:,}" for name, value in need.items() if name != "total")
+        batch = config.train.batch_size // config.train.num_workers
+        raise ConfigError(
+            f"training needs about {need['total']:,} MB per worker ({parts}; a batch of {batch} x "
+            f"{config.data.block_size} tokens per worker), more than the {worker_mb:,.0f} MB a worker has {where}: "
+            "lower train.batch_size, data.block_size, model.n_layer or embedding.dim"
+        )
+    return need
+
+
+def check_local_training(config: PipelineConfig) -> dict[str, float]:
+    """check_training_fits for workers that share this machine (target local)."""
+    machine = machine_memory_mb()
+    where = (f"on this machine ({machine:,} MB, less {LOCAL_RESERVED_MB:,} MB for the rest of the run, "
+             f"shared by train.num_workers = {config.train.num_workers})")
+    return check_training_fits(config, local_worker_mb(config, machine), where)

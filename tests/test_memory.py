@@ -1,0 +1,72 @@
+"""The training memory estimate (spark_jobs/lib/memory.py) and the refusals built on it. How close
+the estimate comes to a real worker's peak is checked by tests/test_train.py and measured, for
+several model shapes, by benchmarks/train_memory.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from include import airflow_local, emr, emr_tasks
+from spark_jobs.lib import memory
+from spark_jobs.lib.config import ConfigError, load_config
+
+EMR = {"target": "emr", "lake": "s3://gpt-pipeline/lake", "corpus": "s3://gpt-pipeline/corpus/*.txt"}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["tokenizer.vocab_size=300", "data.block_size=2", "embedding.dim=6", "model.n_head=3", "model.n_layer=1"],
+     ["embedding.dim=384", "model.n_head=6", "model.n_layer=7", "model.mlp_ratio=2", "data.block_size=512"]],
+)
+def test_the_parameter_count_is_the_models(overrides):
+    from spark_jobs.lib.model import build_decoder
+
+    config = load_config(overrides=overrides)
+    model = build_decoder(
+        vocab_size=config.tokenizer.vocab_size, block_size=config.data.block_size, dim=config.embedding.dim,
+        n_layer=config.model.n_layer, n_head=config.model.n_head, mlp_ratio=config.model.mlp_ratio, dropout=0.0,
+    )  # fmt: skip
+    assert memory.parameters(config) == model.count_params()
+
+
+def test_the_estimate_grows_with_the_square_of_the_block_size_in_attention_only():
+    short, long = (memory.worker_peak_mb(load_config(overrides=[f"data.block_size={t}"])) for t in (256, 512))
+    assert long["attention_scores"] == pytest.approx(4 * short["attention_scores"], rel=0.01)
+    assert long["activations"] == pytest.approx(2 * short["activations"], rel=0.01)
+    assert long["total"] == sum(value for name, value in long.items() if name != "total") > short["total"]
+
+
+def test_a_model_too_big_for_a_worker_is_refused_naming_the_settings():
+    config = load_config(overrides=["data.block_size=4096"])
+    with pytest.raises(ConfigError) as error:
+        memory.check_training_fits(config, 11_000, "on this machine")
+    message = str(error.value)
+    assert message.startswith("training needs about 37,650 MB per worker (runtime 1,000, ")
+    assert "attention scores 32,768" in message and "a batch of 16 x 4096 tokens per worker" in message
+    assert message.endswith("more than the 11,000 MB a worker has on this machine: "
+                            "lower train.batch_size, data.block_size, model.n_layer or embedding.dim")
+    assert memory.check_training_fits(load_config(), 11_000, "here")["total"] < 2_000
+
+
+def test_local_workers_share_the_machine():
+    config = load_config(overrides=["train.num_workers=4", "train.batch_size=32"])
+    assert memory.local_worker_mb(config, machine_mb=16_384) == (16_384 - memory.LOCAL_RESERVED_MB) // 4
+
+
+def test_make_run_refuses_a_model_too_big_for_this_machine_before_airflow_starts(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    # A batch per worker whose attention scores alone outgrow any machine this runs on.
+    too_big = ["--set", "train.batch_size=200000", "--set", "model.n_layer=64"]
+    assert airflow_local.main(["run", *too_big]) == 2
+    error = capsys.readouterr().err
+    assert "ERROR training needs about " in error and "a worker has on this machine (" in error
+    assert not (tmp_path / "home").exists(), "Airflow's home was touched"
+
+
+def test_emr_refuses_a_model_too_big_for_its_core_nodes_before_any_upload():
+    big = load_config(overrides=[EMR, "data.block_size=4096"])
+    with pytest.raises(ConfigError, match="more than the 16,896 MB a worker has on an m5.2xlarge core node"):
+        emr_tasks.prepare(big, "run-1", big)  # raises before it talks to S3
+    larger_nodes = load_config(overrides=[EMR, "data.block_size=4096", "emr.core_instance_type=m5.4xlarge"])
+    need = memory.check_training_fits(larger_nodes, emr.train_executor_memory_mb(larger_nodes)[1], "")
+    assert need["total"] < emr.train_executor_memory_mb(larger_nodes)[1]
