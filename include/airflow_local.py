@@ -30,7 +30,7 @@ from include import process_tree
 from include.local_s3 import LocalS3
 from spark_jobs.lib import corpus, lake, memory
 from spark_jobs.lib.config import REPO_ROOT, PipelineConfig, defaults_path, load_config
-from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.errors import PipelineError, name_some
 
 DAG_ID = "gpt_pipeline"
 # Tests give the command a home of their own through this variable.
@@ -269,6 +269,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"target: {config.target!r} (from {defaults_path()}): `make run` and `make airflow` run the DAG with "
                 "target 'local', their S3 a moto server on this machine; run target 'emr' from an Airflow with "
                 "an AWS connection (README: Running on AWS EMR)"
+            )
+        on_s3 = [uri for uri in config.corpus if uri.startswith("s3://")]
+        if on_s3:
+            raise PipelineError(
+                f"corpus {name_some(on_s3)}: the S3 of `make run` and `make airflow` is a moto server on this machine "
+                "that starts empty; give a local path or file:// URI, or read the corpus from S3 with the local "
+                "runner (`.venv/bin/python -m include.local_runner`, with your AWS credentials) or target 'emr'"
             )
         # The DAG's first task checks both again; `make airflow` leaves the memory check to it,
         # since each triggered run's form may change the model.

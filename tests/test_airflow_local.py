@@ -72,6 +72,16 @@ def test_a_missing_or_too_small_corpus_is_named_before_airflow_starts(tmp_path, 
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
+@pytest.mark.parametrize("command", ["run", "ui"])
+def test_a_corpus_on_s3_is_refused_since_the_local_s3_starts_empty(tmp_path, monkeypatch, capsys, command):
+    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")  # were S3 asked, it would fail otherwise
+    assert airflow_local.main([command, "--corpus", "s3://books/*.txt"]) == 2
+    error = capsys.readouterr().err
+    assert "ERROR corpus s3://books/*.txt: the S3 of `make run` and `make airflow` is a moto server" in error
+    assert not (tmp_path / "home").exists(), "Airflow's home was touched"
+
+
 def test_a_taken_ui_port_is_named_before_airflow_starts(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
     with socket.socket() as listener:

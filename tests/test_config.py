@@ -63,6 +63,8 @@ def test_cross_field_rules():
         load_config(overrides=["model.n_head=5"])
     with pytest.raises(ConfigError, match="lake must be an s3:// URI for target emr"):
         load_config(overrides=["target=emr"])
+    with pytest.raises(ConfigError, match=r"lake must be a local path or file:// URI for target local \(local Spark reads no s3://\)"):
+        load_config(overrides=["lake=s3://bucket/lake"])
 
 
 def test_overrides_parse_yaml_values_and_globs_stay_strings():

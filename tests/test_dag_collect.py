@@ -70,7 +70,9 @@ def record(s3, run_name: str) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("lake_root", ["local", f"s3://{LAKE_BUCKET}/lake"])
 def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lake_root):
-    config = load_config(overrides=[{"lake": str(tmp_path / "lake") if lake_root == "local" else lake_root}])
+    # A run folder on S3 is the EMR target's.
+    on_s3 = {"lake": lake_root, "target": "emr"}
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")} if lake_root == "local" else on_s3])
     run_dir = lake.run_dir(config, f"run-{len(lake_root)}")
     files = run_files(config.to_json())
     finished_run(s3, run_dir, files)

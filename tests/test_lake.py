@@ -7,7 +7,8 @@ import pytest
 
 from include.local_s3 import LocalS3
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import to_uri
+from spark_jobs.lib.config import load_config, to_uri
+from spark_jobs.lib.errors import PipelineError
 
 NAMES = ["Les Misérables #1.txt", "100% poems.txt", "plain.txt"]
 BUCKET = "lake-names"
@@ -48,3 +49,12 @@ def test_files_with_spaces_hashes_percents_and_accents(folder):
 def test_a_path_is_not_a_uri():
     with pytest.raises(ValueError, match="not a URI: '/data/books'"):
         lake.filesystem("/data/books")
+
+
+def test_a_corpus_on_an_s3_that_cannot_be_reached_is_named(monkeypatch, s3):
+    for name, value in s3.connection_env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")  # nothing listens there
+    config = load_config(overrides=[{"corpus": f"s3://{BUCKET}/books/*.txt"}])
+    with pytest.raises(PipelineError, match=rf"^corpus s3://{BUCKET}/books/\*.txt cannot be listed: .*Could not connect"):
+        lake.corpus_files(config)

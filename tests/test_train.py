@@ -176,7 +176,7 @@ def test_a_worker_trains_from_an_s3_run_folder(prepared, monkeypatch, tmp_path):
             monkeypatch.setenv(key, value)
         s3_run = "s3://lake/runs/on-s3"
         lake.upload_dir(lake.local_path(run), s3_run)
-        config = load_config(overrides=[config.model_dump(), {"lake": "s3://lake"}, "train.num_workers=1",
+        config = load_config(overrides=[config.model_dump(), {"lake": "s3://lake", "target": "emr"}, "train.num_workers=1",
                                         "train.max_steps=10"])  # fmt: skip
         lake.write_text(lake.join(s3_run, lake.CONFIG_FILE), config.to_json())
         result_file = tmp_path / "result.json"

@@ -213,6 +213,9 @@ class PipelineConfig(_Section):
             raise ValueError("train.min_learning_rate must not exceed train.learning_rate")
         if self.target == "emr" and not self.lake.startswith("s3://"):
             raise ValueError(f"lake must be an s3:// URI for target emr, got {self.lake!r}")
+        if self.target == "local" and self.lake.startswith("s3://"):
+            raise ValueError(f"lake must be a local path or file:// URI for target local (local Spark reads no s3://), "
+                             f"got {self.lake!r}")
         if self.target == "emr" and self.emr.core_instance_count < self.train.num_workers:
             raise ValueError(
                 f"emr.core_instance_count ({self.emr.core_instance_count}) must be at least train.num_workers "

@@ -175,7 +175,10 @@ def corpus_files(config: PipelineConfig) -> dict[str, int]:
     that matched nothing."""
     files: dict[str, int] = {}
     for pattern in config.corpus:
-        matched = expand(pattern)
+        try:
+            matched = expand(pattern)
+        except OSError as error:  # S3 unreachable or refusing, a folder that cannot be read, ...
+            raise PipelineError(f"corpus {pattern} cannot be listed: {error}") from None
         if not matched:
             raise PipelineError(f"corpus {pattern} matches no file")
         files |= matched
