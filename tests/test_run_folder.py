@@ -3,9 +3,12 @@ and create_run clearing their completion markers when an existing run's settings
 
 from __future__ import annotations
 
+import pytest
+
 from include.spark_submit import STAGES
 from spark_jobs.lib import lake, stages
 from spark_jobs.lib.config import load_config
+from spark_jobs.lib.errors import PipelineError
 from tests.conftest import new_run, small_config
 
 
@@ -98,3 +101,10 @@ def test_the_local_runner_stops_a_corpus_too_small_for_a_window_before_spark(tmp
     assert code == 2
     assert capsys.readouterr().err.startswith("ERROR the corpus holds 4 bytes, so at most 4 tokens")
     assert not (tmp_path / "lake").exists()
+
+
+def test_a_lake_where_no_folder_can_be_made_is_named(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    config = load_config(overrides=[{"lake": str(tmp_path / "a-file" / "lake")}])
+    with pytest.raises(PipelineError, match=rf"^lake {(tmp_path / 'a-file' / 'lake').as_uri()}: cannot create the run folder .*/runs/r: .*Not a directory"):
+        lake.create_run(config, "r")

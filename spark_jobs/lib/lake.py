@@ -206,7 +206,10 @@ def create_run(config: PipelineConfig, run_id: str) -> str:
             settings = ", ".join(f"{path}: {old!r} -> {new!r}" for path, (old, new) in changed.items())
             print(f"NOTE run folder {folder}: changed {settings}; stage(s) {', '.join(cleared)} no longer complete",
                   file=sys.stderr, flush=True)
-    write_text(config_uri, config.to_json())
+    try:
+        write_text(config_uri, config.to_json())
+    except OSError as error:  # a lake in a read-only place, under a file, ...
+        raise PipelineError(f"lake {config.lake}: cannot create the run folder {folder}: {error}") from None
     return folder
 
 
