@@ -53,6 +53,16 @@ def test_local_workers_share_the_machine():
     assert memory.local_worker_mb(config, machine_mb=16_384) == (16_384 - memory.LOCAL_RESERVED_MB) // 4
 
 
+def test_a_containers_memory_limit_counts_when_it_is_lower(tmp_path):
+    physical = memory.machine_memory_mb(limit_files=())
+    v2, v1, unlimited = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes", tmp_path / "unlimited"
+    v2.write_text("max\n")
+    v1.write_text(f"{3 * 2**30}\n")
+    unlimited.write_text("9223372036854771712\n")
+    assert memory.machine_memory_mb(limit_files=(str(v2), str(unlimited), str(tmp_path / "missing"))) == physical
+    assert memory.machine_memory_mb(limit_files=(str(v2), str(v1))) == min(physical, 3072)
+
+
 def test_make_run_refuses_a_model_too_big_for_this_machine_before_airflow_starts(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
     # A batch per worker whose attention scores alone outgrow any machine this runs on.

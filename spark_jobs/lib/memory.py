@@ -18,6 +18,7 @@ worker keeps them in memory, which it does only while they fit (train_data.keep_
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from spark_jobs.lib.config import ConfigError, PipelineConfig
 
@@ -55,8 +56,22 @@ def worker_peak_mb(config: PipelineConfig, vocab_size: int | None = None) -> dic
     return {**{name: round(value) for name, value in parts.items()}, "total": round(sum(parts.values()))}
 
 
-def machine_memory_mb() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MB
+# A container's memory limit, where cgroup v2 and v1 show it to the processes inside.
+CGROUP_LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def machine_memory_mb(limit_files: tuple[str, ...] = CGROUP_LIMIT_FILES) -> int:
+    """This machine's memory, or the container's limit when it is lower (Docker's --memory, say)."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limits = []
+    for path in limit_files:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" (v2) or a huge number (v1) means no limit
+            limits.append(int(text))
+    return min([physical, *limits]) // MB
 
 
 def local_worker_mb(config: PipelineConfig, machine_mb: int | None = None) -> int:
