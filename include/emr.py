@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from include.spark_submit import STAGES, package_code, spark_submit_argv
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 
@@ -111,6 +111,7 @@ def train_resources(config: PipelineConfig) -> dict[str, str]:
         "spark.task.cpus": str(node["vcpus"]),
         "spark.executor.memory": f"{heap_mb}m",
         "spark.executor.memoryOverhead": f"{overhead_mb}m",
+        f"spark.executorEnv.{memory.WORKER_BUDGET_ENV}": str(overhead_mb),
     }
 
 

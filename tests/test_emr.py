@@ -16,7 +16,7 @@ from packaging.utils import canonicalize_name
 from include import emr
 from include.local_runner import local_argv
 from include.spark_submit import STAGE_FILES, STAGES
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, load_config
 
 EMR_TARGET = ["target=emr", "lake=s3://test-lake/pipeline"]
@@ -142,6 +142,9 @@ def test_train_gets_one_whole_core_node_per_worker():
     )
     # The whole node but room for the application master, which may land on any core node.
     assert node["yarn_memory_mb"] * 0.8 <= container_mb <= node["yarn_memory_mb"] - 1024
+    # The TensorFlow worker learns its memory, the executor's overhead, from the executor's environment.
+    budget = resources[f"spark.executorEnv.{memory.WORKER_BUDGET_ENV}"]
+    assert budget == resources["spark.executor.memoryOverhead"].removesuffix("m") == str(emr.train_executor_memory_mb(config)[1])
     args = emr.stage_step("train", config, RUN_ID)["HadoopJarStep"]["Args"]
     assert "spark.dynamicAllocation.enabled=false" in args and "spark.task.cpus=16" in args
     assert not any(arg.startswith("spark.task.cpus") for arg in emr.stage_step("export", config, RUN_ID)["HadoopJarStep"]["Args"])

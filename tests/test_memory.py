@@ -53,6 +53,14 @@ def test_local_workers_share_the_machine():
     assert memory.local_worker_mb(config, machine_mb=16_384) == (16_384 - memory.LOCAL_RESERVED_MB) // 4
 
 
+def test_a_worker_takes_its_budget_from_the_emr_executor_or_else_from_this_machine(monkeypatch):
+    config = load_config()
+    monkeypatch.delenv(memory.WORKER_BUDGET_ENV, raising=False)
+    assert memory.worker_budget_mb(config) == memory.local_worker_mb(config)
+    monkeypatch.setenv(memory.WORKER_BUDGET_ENV, "16896")
+    assert memory.worker_budget_mb(config) == 16896
+
+
 def test_a_containers_memory_limit_counts_when_it_is_lower(tmp_path):
     physical = memory.machine_memory_mb(limit_files=())
     v2, v1, unlimited = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes", tmp_path / "unlimited"

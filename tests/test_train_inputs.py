@@ -85,10 +85,11 @@ def test_an_interval_row_summarises_its_steps():
     assert line.startswith("1,2,1500.0,2.5,0.5,2.0,0.4,")
 
 
-def test_windows_stay_in_memory_only_while_they_fit_a_quarter_of_the_free_memory():
+def test_windows_stay_in_memory_only_while_they_fit_half_the_room_the_model_leaves():
     one_window = 128 * train_data.WINDOW_BYTES_PER_TOKEN
-    assert train_data.keep_in_memory(1000, 128, free_bytes=4 * 1000 * one_window)
-    assert not train_data.keep_in_memory(1001, 128, free_bytes=4 * 1000 * one_window)
+    assert train_data.keep_in_memory(1000, 128, room_bytes=2 * 1000 * one_window)
+    assert not train_data.keep_in_memory(1001, 128, room_bytes=2 * 1000 * one_window)
+    assert not train_data.keep_in_memory(1, 128, room_bytes=-5e9)  # a model bigger than its budget
     assert train_data.shuffle_buffer(128) == 100_000  # the default shape keeps its buffer
     assert train_data.shuffle_buffer(4096) * 4096 * train_data.WINDOW_BYTES_PER_TOKEN <= train_data.SHUFFLE_BUFFER_BYTES
     assert train_data.shuffle_buffer(10**7) == 1_000

@@ -28,6 +28,8 @@ ACTIVATION_COPIES = 22
 SCORE_COPIES = 2
 LOGIT_COPIES = 2
 PARAMETER_COPIES = 6
+# Set on EMR's train executors (include/emr.train_resources): the memory their worker has.
+WORKER_BUDGET_ENV = "GPT_PIPELINE_WORKER_MEMORY_MB"
 # Left on a local machine for Spark's driver, Airflow, the S3 server and the system.
 LOCAL_RESERVED_MB = 2048
 
@@ -78,6 +80,12 @@ def local_worker_mb(config: PipelineConfig, machine_mb: int | None = None) -> in
     """What each local worker has: the machine's memory, less what the rest of the run uses,
     shared by train.num_workers TensorFlow processes."""
     return ((machine_mb or machine_memory_mb()) - LOCAL_RESERVED_MB) // config.train.num_workers
+
+
+def worker_budget_mb(config: PipelineConfig) -> int:
+    """What this training worker may use: set by the EMR step for its node type, else its share of
+    this machine (target local)."""
+    return int(os.environ.get(WORKER_BUDGET_ENV) or local_worker_mb(config))
 
 
 def check_training_fits(config: PipelineConfig, worker_mb: float, where: str) -> dict[str, float]:

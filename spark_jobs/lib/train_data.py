@@ -58,11 +58,11 @@ WINDOW_BYTES_PER_TOKEN = 8
 SHUFFLE_BUFFER_BYTES = 256 * 2**20
 
 
-def keep_in_memory(windows: int, block_size: int, free_bytes: int) -> bool:
+def keep_in_memory(windows: int, block_size: int, room_bytes: float) -> bool:
     """Whether a worker keeps its windows in memory, read and parsed once, rather than reading its
-    local shards again on every pass: only while they take at most a quarter of the memory free
-    when training starts, so that a large corpus streams instead of running the worker out of memory."""
-    return windows * block_size * WINDOW_BYTES_PER_TOKEN <= free_bytes // 4
+    local shards again on every pass: only while they take at most half the room its model leaves
+    (spark_jobs.lib.memory), so that a large corpus streams instead of running the worker out of memory."""
+    return windows * block_size * WINDOW_BYTES_PER_TOKEN <= room_bytes / 2
 
 
 def shuffle_buffer(block_size: int) -> int:

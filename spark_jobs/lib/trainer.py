@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from spark_jobs.lib import lake, train_data, train_state
+from spark_jobs.lib import lake, memory, train_data, train_state
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import load_run_config
@@ -110,7 +110,7 @@ class Worker:
         self.start_step = backup["step"] if backup else 0
         self.rows = backup["rows"] if backup else []
         windows = sum(self.manifest["splits"][split]["windows"] for split in train_data.SPLITS) // self.workers
-        self.in_memory = train_data.keep_in_memory(windows, self.block_size, psutil.virtual_memory().available)
+        self.in_memory = train_data.keep_in_memory(windows, self.block_size, self.memory_room_bytes())
         if not self.in_memory and self.is_chief:
             print(f"[train] {windows:,} windows per worker do not fit in memory: every pass reads them from local disk",
                   flush=True)
@@ -124,6 +124,12 @@ class Worker:
             lambda: train_data.eval_batches(files["val"], self.block_size, self.per_worker_batch, self.in_memory)
         )
         self._compile_steps()
+
+    def memory_room_bytes(self) -> float:
+        """What the model leaves of this worker's memory: its budget or what is free, if less."""
+        need_mb = memory.worker_peak_mb(self.config, self.manifest["vocab_size"])["total"]
+        budget_mb = min(memory.worker_budget_mb(self.config), psutil.virtual_memory().available / memory.MB)
+        return (budget_mb - need_mb) * memory.MB
 
     def _distributed(self, make_dataset):
         """An iterator feeding this worker's own batches (already cut to its share) to its replica."""
