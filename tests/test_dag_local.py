@@ -73,11 +73,18 @@ def last_run_states(home) -> tuple[str, str, dict[str, str]]:
 
 
 @pytest.mark.slow
-def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, tmp_path):
+@pytest.mark.parametrize(
+    "form, message",
+    [({"stride": 0}, "invalid configuration: data.stride: Input should be greater than or equal to 1 (got 0)"),
+     ({"block_size": 4096, "stride": 2048, "batch_size": 512},
+      "ConfigError: training needs about 586,770 MB per worker (runtime 1,000,")],
+    ids=["bad value", "model too big for this machine"],
+)  # fmt: skip
+def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, tmp_path, form, message):
     env, _, home = local_airflow
-    code, output = dags_test(env, {"stride": 0, "overrides": [f"lake={tmp_path / 'lake'}"]})
+    code, output = dags_test(env, {**form, "overrides": [f"lake={tmp_path / 'lake'}"]})
     assert code != 0
-    assert "invalid configuration: data.stride: Input should be greater than or equal to 1 (got 0)" in output
+    assert message in output
     _, state, tasks = last_run_states(home)
     assert state == "failed"
     assert tasks["validate_config"] == "failed"
