@@ -13,7 +13,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from include import emr
+from include import emr, emr_tasks
 from include.local_runner import local_argv
 from include.spark_submit import STAGE_FILES, STAGES
 from spark_jobs.lib import lake, memory
@@ -256,3 +256,47 @@ def test_pip_resolves_the_jobs_requirements_within_the_pinned_environment():
     )
     assert completed.returncode == 0, completed.stderr
     assert "Would install" not in completed.stdout, completed.stdout
+
+
+class FakeEmr:
+    """Just enough of EmrHook for a stage task: the cluster's steps (ListSteps answers newest first,
+    in pages) and the steps added."""
+
+    def __init__(self, steps: list[tuple[str, str]]):
+        self.steps = [{"Id": f"s-{index}", "Name": name, "Status": {"State": state}} for index, (name, state) in enumerate(steps)]
+        self.added: list[str] = []
+        self.conn = self
+
+    def get_paginator(self, operation: str):
+        assert operation == "list_steps"
+        return self
+
+    def paginate(self, ClusterId: str):  # noqa: N803 - boto3's name
+        newest_first = list(reversed(self.steps))
+        return [{"Steps": newest_first[:2]}, {"Steps": newest_first[2:]}]
+
+    def add_job_flow_steps(self, job_flow_id: str, steps: list[dict]) -> list[str]:
+        self.added += [step["Name"] for step in steps]
+        return [f"s-new-{len(self.added)}"]
+
+
+@pytest.mark.parametrize(
+    "steps, try_number, waits_on, adds",
+    [
+        ([], 1, "s-new-1", "window"),  # the first poke of the first try adds the step
+        ([("window", "RUNNING")], 1, "s-0", None),  # later pokes wait on it
+        ([("window", "FAILED")], 1, "s-0", None),  # ... and see it failed: the try fails
+        ([("window", "FAILED")], 2, "s-new-1", "window (try 2)"),  # the retry adds it again
+        ([("window", "FAILED"), ("window (try 2)", "PENDING")], 2, "s-1", None),
+        ([("window", "RUNNING")], 2, "s-0", None),  # the try's task failed, not its step: wait on it
+        ([("window", "COMPLETED")], 2, "s-0", None),
+        ([("window", "FAILED"), ("window (try 2)", "FAILED")], 3, "s-new-1", "window (try 3)"),
+        ([("tokenize", "COMPLETED"), ("window", "RUNNING"), ("export", "FAILED")], 2, "s-1", None),  # other stages' steps do not count
+    ],
+)  # fmt: skip
+def test_a_stage_task_adds_a_step_only_when_its_try_has_none_to_wait_on(steps, try_number, waits_on, adds):
+    sensor = emr_tasks.EmrStageSensor(task_id="window", stage="window", step={"Name": "window", "HadoopJarStep": {}},
+                                      run_dir="s3://lake/runs/r", job_flow_id="j-1")  # fmt: skip
+    sensor.__dict__["hook"] = cluster = FakeEmr(steps)  # in place of the cached EmrHook
+    assert sensor.current_step(emr_tasks.step_name("window", try_number)) == waits_on
+    assert cluster.added == ([adds] if adds else [])
