@@ -15,8 +15,10 @@ command for every target); stages talk only through the run folder `{lake}/runs/
 the `gpt_pipeline_model` asset, which DAGs that use the model can be scheduled on.
 
 Defaults come from include/config/pipeline.yaml; the trigger form changes them for one run and
-the first task validates the result with the config model. Runs start by hand, on the
-`schedule:` of pipeline.yaml (none by default), and whenever the corpus asset is updated.
+the first task validates the result with the config model, checks the corpus, and checks that the
+model fits a training worker's memory (spark_jobs/lib/memory.py). On EMR a failed step is retried
+once on the same cluster, unless it stopped on bad input. Runs start by hand, on the `schedule:`
+of pipeline.yaml (none by default), and whenever the corpus asset is updated.
 """
 
 from __future__ import annotations
