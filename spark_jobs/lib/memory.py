@@ -32,6 +32,8 @@ PARAMETER_COPIES = 6
 WORKER_BUDGET_ENV = "GPT_PIPELINE_WORKER_MEMORY_MB"
 # Left on a local machine for Spark's driver, Airflow, the S3 server and the system.
 LOCAL_RESERVED_MB = 2048
+# A container's memory limit, where cgroup v2 and v1 show it to the processes inside.
+CGROUP_LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
 def parameters(config: PipelineConfig, vocab_size: int | None = None) -> int:
@@ -56,10 +58,6 @@ def worker_peak_mb(config: PipelineConfig, vocab_size: int | None = None) -> dic
         "parameters": 4 * PARAMETER_COPIES * parameters(config, vocab) / MB,
     }
     return {**{name: round(value) for name, value in parts.items()}, "total": round(sum(parts.values()))}
-
-
-# A container's memory limit, where cgroup v2 and v1 show it to the processes inside.
-CGROUP_LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
 def machine_memory_mb(limit_files: tuple[str, ...] = CGROUP_LIMIT_FILES) -> int:
