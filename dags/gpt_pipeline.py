@@ -85,17 +85,12 @@ def check_corpus(config: PipelineConfig, sizes: dict[str, int]) -> None:
     corpus.check_fits(config, sizes)
 
 
-def log_training_memory(need: dict) -> None:
-    log.info("training: about %s MB per worker (%s)", f"{need['total']:,}",
-             ", ".join(f"{name} {value:,}" for name, value in need.items() if name != "total"))
-
-
 @task(retries=0)
 def validate_config() -> str:
     """Build this run's config from pipeline.yaml and the trigger form, check it, create the run folder."""
     config, run_id = form_config()
     check_corpus(config, lake.corpus_files(config))
-    log_training_memory(memory.check_local_training(config))
+    log.info("training: %s", memory.describe(memory.check_local_training(config)))
     run_dir = lake.create_run(config, run_id)
     log.info("run folder: %s", run_dir)
     return run_dir

@@ -35,7 +35,7 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, sta
     worker_mb = emr.train_executor_memory_mb(config)[1]
     where = f"on an {config.emr.core_instance_type} core node (emr.core_instance_type: its train executor's overhead)"
     need = memory.check_training_fits(config, worker_mb, where)
-    log.info("training: about %s MB per worker of the %s MB it has", f"{need['total']:,}", f"{worker_mb:,}")
+    log.info("training: %s, of the %s MB a worker has", memory.describe(need), f"{worker_mb:,}")
     request = emr.job_flow_overrides(config, run_id)
     steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in stages}
     hourly, hours = emr.hourly_cost_usd(config), emr.max_cluster_hours(config)
@@ -43,9 +43,6 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, sta
              hourly, hours, hourly * hours)
     uploaded = emr.upload_run(config, run_id, S3Hook(aws_conn_id=config.emr.aws_conn_id).get_conn())
     return {"run_dir": uploaded["run_dir"], "job_flow_overrides": request, **steps}
-
-
-FAILED_STEP_STATES = ("CANCELLED", "FAILED", "INTERRUPTED")
 
 
 def step_name(stage: str, try_number: int) -> str:
@@ -79,7 +76,7 @@ class EmrStageSensor(EmrStepSensor):
 
     def current_step(self, name: str) -> str:
         newest = next(iter(self.stage_steps()), None)
-        if newest is None or (newest["Status"]["State"] in FAILED_STEP_STATES and newest["Name"] != name):
+        if newest is None or (newest["Status"]["State"] in self.failed_states and newest["Name"] != name):
             (step_id,) = self.hook.add_job_flow_steps(job_flow_id=self.job_flow_id, steps=[{**self.step, "Name": name}])
             self.log.info("added step %s (%s) to cluster %s", step_id, name, self.job_flow_id)
             return step_id

@@ -90,14 +90,19 @@ def check_training_fits(config: PipelineConfig, worker_mb: float, where: str) ->
     """The estimate, or a ConfigError naming the settings that make it too big for `worker_mb`."""
     need = worker_peak_mb(config)
     if need["total"] > worker_mb:
-        parts = ", ".join(f"{name.replace('_', ' ')} {value:,}" for name, value in need.items() if name != "total")
         batch = config.train.batch_size // config.train.num_workers
         raise ConfigError(
-            f"training needs about {need['total']:,} MB per worker ({parts}; a batch of {batch} x "
-            f"{config.data.block_size} tokens per worker), more than the {worker_mb:,.0f} MB a worker has {where}: "
+            f"training needs {describe(need, f'; a batch of {batch} x {config.data.block_size} tokens per worker')}, "
+            f"more than the {worker_mb:,.0f} MB a worker has {where}: "
             "lower train.batch_size, data.block_size, model.n_layer or embedding.dim"
         )
     return need
+
+
+def describe(need: dict[str, float], note: str = "") -> str:
+    """'about 1,183 MB per worker (runtime 1,000, activations 88, ...)' for an estimate."""
+    parts = ", ".join(f"{name.replace('_', ' ')} {value:,}" for name, value in need.items() if name != "total")
+    return f"about {need['total']:,} MB per worker ({parts}{note})"
 
 
 def check_local_training(config: PipelineConfig) -> dict[str, float]:
