@@ -8,6 +8,9 @@ BIN := $(VENV)/bin
 CORPUS ?=
 SET ?=
 ARGS ?=
+# Through the environment, not pasted into the command line, so that quotes, spaces and `#` in
+# them reach the run command as typed; the run command splits SET into words as a shell would.
+export CORPUS SET
 
 .PHONY: run airflow test venv browser lock clean
 
@@ -23,7 +26,7 @@ venv: $(BIN)/.installed
 
 # The whole DAG once with `airflow dags test`, S3 on a moto server that lives as long as the command.
 run: venv
-	$(BIN)/python -m include.airflow_local run $(if $(CORPUS),--corpus '$(CORPUS)') $(foreach s,$(SET),--set '$(s)') $(ARGS)
+	$(BIN)/python -m include.airflow_local run --corpus "$$CORPUS" --overrides "$$SET" $(ARGS)
 
 # Airflow standalone (UI on http://127.0.0.1:8080) with the DAG and a moto S3 server; Ctrl-C stops it.
 airflow: venv

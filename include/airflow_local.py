@@ -15,6 +15,7 @@ import argparse
 import fcntl
 import json
 import os
+import shlex
 import signal
 import socket
 import sqlite3
@@ -29,7 +30,7 @@ from include.collect import REPORT_JSON, latest_key
 from include import process_tree
 from include.local_s3 import LocalS3
 from spark_jobs.lib import corpus, lake, memory
-from spark_jobs.lib.config import REPO_ROOT, PipelineConfig, defaults_path, load_config
+from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig, defaults_path, load_config
 from spark_jobs.lib.errors import PipelineError, name_some
 
 DAG_ID = "gpt_pipeline"
@@ -249,21 +250,37 @@ def serve(env: dict[str, str]) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("run", "ui"))
-    parser.add_argument("--corpus", help="run: corpus path, glob or URI")
+    parser.add_argument("--corpus", help="run: corpus path, glob or URI (empty: the one in pipeline.yaml)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="run: a config override"
+    )
+    parser.add_argument(
+        "--overrides", dest="override_words", default="", metavar="'SECTION.KEY=VALUE ...'",
+        help="run: config overrides separated by spaces and quoted as in a shell (make's SET)",
     )
     return parser.parse_args(argv)
 
 
+def split_overrides(words: str) -> list[str]:
+    """make's SET as overrides: `train.max_steps=50 generate.prompt='To be'` holds two."""
+    try:
+        return shlex.split(words)
+    except ValueError as error:  # an unmatched quote
+        raise ConfigError(
+            f"SET {words!r}: {error}; put a value holding a quote in the other kind of quotes, "
+            """as in generate.prompt="O'er the hill\""""
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    conf: dict = {"overrides": args.overrides}
-    if args.corpus:
-        conf["corpus"] = args.corpus
     try:
+        overrides = split_overrides(args.override_words) + args.overrides
+        conf: dict = {"overrides": overrides}
+        if args.corpus:
+            conf["corpus"] = args.corpus
         # Checked here too so that a bad value stops before Airflow starts; the DAG checks it again.
-        config = load_config(overrides=args.overrides + ([{"corpus": args.corpus}] if args.corpus else []))
+        config = load_config(overrides=overrides + ([{"corpus": args.corpus}] if args.corpus else []))
         if config.target != "local":
             raise PipelineError(
                 f"target: {config.target!r} (from {defaults_path()}): `make run` and `make airflow` run the DAG with "

@@ -82,6 +82,30 @@ def test_a_corpus_on_s3_is_refused_since_the_local_s3_starts_empty(tmp_path, mon
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
+def make_run(tmp_path, **variables) -> subprocess.CompletedProcess:
+    """`make run NAME=value …` as typed in a shell, the values exactly as given."""
+    env = {**os.environ, "GPT_PIPELINE_AIRFLOW_HOME": str(tmp_path / "home")}
+    return subprocess.run(
+        ["make", "--no-print-directory", "run", *(f"{name}={value}" for name, value in variables.items())],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_make_run_takes_quotes_spaces_and_hashes_in_corpus_and_set(tmp_path):
+    books = tmp_path / "O'Brien #1"
+    # A quoted value with spaces is one override: the error is the next one's, not "'be' is not of the form".
+    done = make_run(tmp_path, CORPUS=f"{books}/*.txt", SET="generate.prompt='To be or not' train.max_steps=0")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "ERROR invalid configuration: train.max_steps: Input should be greater than or equal to 1" in done.stderr
+    done = make_run(tmp_path, CORPUS=f"{books}/*.txt", SET="generate.prompt=\"O'er the hill\" lake='/data/my lake #2'")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"ERROR corpus file://{books}/*.txt matches no file" in done.stderr
+    done = make_run(tmp_path, SET="generate.prompt=O'er")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "ERROR SET \"generate.prompt=O'er\": No closing quotation; put a value holding a quote in" in done.stderr
+    assert not (tmp_path / "home").exists(), "Airflow's home was touched"
+
+
 def test_a_taken_ui_port_is_named_before_airflow_starts(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
     with socket.socket() as listener:
