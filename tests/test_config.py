@@ -85,6 +85,27 @@ def test_a_hash_in_an_unquoted_override_is_text_not_a_yaml_comment():
 
 
 @pytest.mark.parametrize(
+    "override, path, value",
+    [("generate.prompt=yes", ["generate", "prompt"], "yes"), ("generate.prompt=1599", ["generate", "prompt"], "1599"),
+     ("generate.prompt=ROMEO: Hark", ["generate", "prompt"], "ROMEO: Hark"),
+     ("generate.prompt=- a dash", ["generate", "prompt"], "- a dash"), ("run_name=2024", ["run_name"], "2024"),
+     ("s3.bucket=123", ["s3", "bucket"], "123"), ("schedule=0 3 * * 1", ["schedule"], "0 3 * * 1"),
+     # Not text settings, or not text values: YAML's reading stays.
+     ("schedule=null", ["schedule"], None), ("generate.prompt='quoted: yes'", ["generate", "prompt"], "quoted: yes"),
+     ("emr.tags={team: ml}", ["emr", "tags"], {"team": "ml"}), ("corpus=[a.txt, b.txt]", ["corpus"], ["a.txt", "b.txt"]),
+     ("model.dropout=0.1", ["model", "dropout"], 0.1), ("generate.nope=yes", ["generate", "nope"], True)],
+)  # fmt: skip
+def test_a_text_setting_takes_the_text_as_typed_whatever_yaml_makes_of_it(override, path, value):
+    assert parse_override(override) == (path, value)
+
+
+def test_a_prompt_that_yaml_reads_as_a_boolean_or_mapping_is_still_a_prompt():
+    config = load_config(overrides=["generate.prompt=yes", "run_name=2024"])
+    assert config.generate.prompt == "yes" and config.run_name == "2024"
+    assert load_config(overrides=["generate.prompt=ROMEO: Hark"]).generate.prompt == "ROMEO: Hark"
+
+
+@pytest.mark.parametrize(
     "corpus, name",
     [
         ("../shared/data/tinyshakespeare.txt", "tinyshakespeare"),

@@ -13,7 +13,8 @@ import posixpath
 import re
 import unicodedata
 from pathlib import Path
-from typing import Any, Literal
+import types
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from spark_jobs.lib.errors import PipelineError
@@ -243,17 +244,39 @@ def _describe(error: ValidationError) -> str:
 def parse_override(text: str) -> tuple[list[str], Any]:
     """'train.max_steps=200' -> (['train', 'max_steps'], 200). Values are parsed as YAML; what YAML
     cannot parse (e.g. schedule=@weekly) stays a string, and so does an unquoted value with a '#'
-    in it (lake=/data/lake #2), which YAML would cut at the '#' as a comment."""
+    in it (lake=/data/lake #2), which YAML would cut at the '#' as a comment. A text setting takes
+    the text as typed whatever YAML makes of it: generate.prompt=yes is 'yes', not True, and
+    generate.prompt=ROMEO: Hark is not a mapping."""
     key, sep, raw = text.partition("=")
+    path, raw = key.strip().split("."), raw.strip()
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} is not of the form section.key=value")
-    if "#" in raw and raw.strip()[:1] not in ("'", '"'):
-        return key.strip().split("."), raw.strip()
+    if "#" in raw and raw[:1] not in ("'", '"'):
+        return path, raw
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.safe_load(raw) if raw else ""
     except yaml.YAMLError:
-        value = raw.strip()
-    return key.strip().split("."), value
+        return path, raw
+    if value is not None and not isinstance(value, str) and _takes_text(path):
+        return path, raw
+    return path, value
+
+
+def _takes_text(path: list[str]) -> bool:
+    """Whether the setting at path is text (str, or str or None), so a value for it is never read as a number,
+    a boolean or a collection."""
+    section: type[BaseModel] = PipelineConfig
+    for part in path[:-1]:
+        field = section.model_fields.get(part)
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return False
+        section = field.annotation
+    field = section.model_fields.get(path[-1])
+    if field is None:
+        return False
+    if get_origin(field.annotation) in (Union, types.UnionType):
+        return str in get_args(field.annotation)
+    return field.annotation is str
 
 
 def apply_overrides(data: dict, overrides: list[str | dict] | dict | None) -> dict:
