@@ -139,6 +139,31 @@ def test_bad_file_is_skipped_with_a_warning(spark, tmp_path, capsys, shakespeare
     assert stats["splits"]["train"]["chars"] + stats["splits"]["val"]["chars"] == len(text)
 
 
+def test_windows_line_ends_and_a_byte_order_mark_are_read_as_plain_text(spark, tmp_path, shakespeare_slice):
+    """A file saved on Windows (BOM, \\r\\n, the odd bare \\r) gives the tokenizer, tokens and counts
+    of the same text saved with \\n."""
+    text = shakespeare_slice.read_text(encoding="utf-8")
+    windows = tmp_path / "windows" / "slice.txt"
+    windows.parent.mkdir()
+    lines = text.splitlines(keepends=True)
+    lines[7] = lines[7].replace("\n", "\r")  # an old Mac line end
+    windows.write_bytes(b"\xef\xbb\xbf" + "".join(lines).replace("\n", "\r\n").encode())
+    runs = {}
+    for name, path in (("unix", shakespeare_slice), ("windows", windows)):
+        runs[name], code = run_tokenize(small_config(tmp_path, path), name)
+        assert code == 0
+    stats = {name: lake.read_json(lake.stats_uri(run, "tokenize")) for name, run in runs.items()}
+    chars = {name: {split: counts["chars"] for split, counts in stats[name]["splits"].items()} for name in runs}
+    assert chars["windows"] == chars["unix"] and sum(chars["unix"].values()) == len(text)
+    assert stats["windows"]["pieces"] > 1  # cut after \\r\\n line ends
+    tokenizer = {name: lake.read_text(lake.join(run, "tokenizer", "tokenizer.json")) for name, run in runs.items()}
+    assert tokenizer["windows"] == tokenizer["unix"]
+    rows = sorted(pq.read_table(lake.local_path(lake.join(runs["windows"], "tokens"))).to_pylist(), key=lambda row: row["piece"])
+    decoded = {split: bpe.from_json(tokenizer["unix"]).decode([i for row in rows if row["split"] == split for i in row["ids"]])
+               for split in ("train", "val")}  # fmt: skip
+    assert decoded["train"] + decoded["val"] == text and len(decoded["val"]) == chars["unix"]["val"]
+
+
 def test_a_later_stage_without_its_input_says_what_to_run(spark, tmp_path, capsys, shakespeare_slice):
     run = new_run(small_config(tmp_path, shakespeare_slice), "no-tokens")
     with pytest.raises(SystemExit) as stop:

@@ -302,6 +302,13 @@ def test_a_file_without_newlines_is_cut_between_characters(tmp_path, monkeypatch
     assert "".join(data[p.start : p.end].decode("utf-8") for p in pieces) == text
 
 
+def test_text_is_read_without_a_byte_order_mark_and_with_newline_line_ends():
+    assert corpus.normalize_text("\ufeffTo be\r\nor not\rto be\n", file_start=True) == "To be\nor not\nto be\n"
+    assert corpus.normalize_text("\ufeffmid-file", file_start=False) == "\ufeffmid-file"
+    assert corpus.check_text("\ufeffhé\r\n".encode()) == (3, None)
+    assert corpus.check_text("\ufeffhé\r\n".encode(), offset=10) == (4, None)
+
+
 def test_check_text_finds_bad_bytes_with_their_offset():
     assert corpus.check_text("héllo\n".encode()) == (6, None)
     assert corpus.check_text(b"abc\xff def", offset=100) == (0, "is not UTF-8 text (byte 0xff at offset 103)")

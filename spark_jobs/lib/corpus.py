@@ -5,6 +5,10 @@ Each file is cut into pieces of about `piece_bytes` bytes, each cut placed just 
 (or, in a file without newlines nearby, at a UTF-8 character boundary), so every piece decodes on
 its own and executors read and encode pieces in parallel.
 
+Text is read as Python reads text files: a byte-order mark at the start of a file is dropped and
+line ends become "\n" (Windows' "\r\n" and old Macs' "\r" alike), so a corpus mixing them teaches
+the model one line end. Characters are counted in the text so read. No cut falls inside "\r\n".
+
 The train/validation split (data.val_split) takes about `val_fraction` of the characters either
 as whole files (`files`: a corpus of many small documents, where a tail of each would be shorter
 than a window and lost) or as the last `val_fraction` of every file (`tail`: the boundary is
@@ -150,8 +154,23 @@ def piece_size(piece: Piece) -> int:
 COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
 
 
+def normalize_text(text: str, file_start: bool) -> str:
+    """A piece's text as the pipeline reads it (see the module docstring); file_start: the piece
+    starts its file."""
+    if file_start and text.startswith("\ufeff"):
+        text = text[1:]
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
+
+
+def read_text(uri: str, start: int, length: int) -> str:
+    """The normalized text of a piece: whole UTF-8 characters from byte `start` of the file."""
+    return normalize_text(read_range(uri, start, length).decode("utf-8"), start == 0)
+
+
 def check_text(data: bytes, offset: int = 0) -> tuple[int, str | None]:
-    """(characters, problem) of a piece's bytes that start at byte `offset` of their file."""
+    """(characters once normalized, problem) of a piece's bytes that start at byte `offset` of their file."""
     if offset == 0:
         for magic, kind in COMPRESSED.items():
             if data.startswith(magic) and (kind != "bzip2" or data[3:4].isdigit()):
@@ -163,7 +182,7 @@ def check_text(data: bytes, offset: int = 0) -> tuple[int, str | None]:
     nul = data.find(b"\x00")
     if nul >= 0:
         return len(text), f"looks binary (NUL byte at offset {offset + nul})"
-    return len(text), None
+    return len(normalize_text(text, offset == 0)), None
 
 
 def scan_piece(piece: Piece) -> Scan:
@@ -265,7 +284,7 @@ def training_sample(documents: list[Document], cap_bytes: int) -> list[str]:
     def read(item: tuple[Document, int]) -> str:
         doc, length = item
         text = codecs.getincrementaldecoder("utf-8")().decode(read_range(doc.path, 0, length), final=False)
-        return text[: doc.boundary]
+        return normalize_text(text, file_start=True)[: doc.boundary]
 
     with ThreadPoolExecutor(READ_THREADS) as pool:
         return list(pool.map(read, [(doc, length) for doc, length in lengths if length > 0 and doc.boundary > 0]))
