@@ -102,7 +102,13 @@ def generate_stage(spark, config: PipelineConfig, run: str) -> dict:
 
 
 def cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spark_jobs.generate", description="Continue a prompt with a saved model.")
+    parser = argparse.ArgumentParser(
+        prog="python -m spark_jobs.generate",
+        description="Continue a prompt with a saved model. Options not given come from the generate section of "
+        "include/config/pipeline.yaml.",
+        epilog="As the pipeline's stage (spark-submit, as the DAG runs it): --run-dir RUN_DIR continues "
+        "generate.prompt with the run's model into the run's samples.txt.",
+    )
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--model-dir", help="a model folder (path or URI), e.g. a run's model/")
     model.add_argument("--latest", metavar="POINTER", help="a latest pointer (URI), for the model it points at")
@@ -126,7 +132,14 @@ def cli(argv: list[str]) -> int:
     return 0
 
 
+def is_stage_call(argv: list[str]) -> bool:
+    """Whether the arguments are the stage's (--run-dir …) rather than a person's command line."""
+    return any(arg.split("=")[0] == "--run-dir" for arg in argv) and not any(
+        arg.split("=")[0] in ("--model-dir", "--latest", "-h", "--help") for arg in argv
+    )
+
+
 if __name__ == "__main__":
-    if any(arg.split("=")[0] in ("--model-dir", "--latest") for arg in sys.argv[1:]):
+    if not is_stage_call(sys.argv[1:]):
         sys.exit(cli(sys.argv[1:]))
     run_stage("generate", generate_stage)

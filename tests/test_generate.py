@@ -102,6 +102,14 @@ def test_cli_rejects_bad_settings_by_name(model_dir):
     assert "generate.temperature" in completed.stderr
 
 
+def test_cli_help_and_a_bare_call_describe_the_command_line_not_the_stage():
+    helped = cli("--help")
+    assert helped.returncode == 0 and "--model-dir MODEL_DIR" in helped.stdout and "--prompt" in helped.stdout
+    assert "--run-dir RUN_DIR continues generate.prompt" in " ".join(helped.stdout.split())  # the stage, as an aside
+    bare = cli()
+    assert bare.returncode == 2 and "one of the arguments --model-dir --latest is required" in bare.stderr
+
+
 def test_cli_follows_a_latest_pointer_on_s3(model_dir):
     options = ["--prompt", "ROMEO:", "--max-new-tokens", "10", "--seed", "4"]
     with LocalS3(buckets=("models",)) as s3:

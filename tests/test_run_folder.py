@@ -9,6 +9,7 @@ from include.spark_submit import STAGES
 from spark_jobs.lib import lake, stages
 from spark_jobs.lib.config import load_config
 from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.stage import parse_args, run_stage
 from tests.conftest import new_run, small_config
 
 
@@ -108,3 +109,16 @@ def test_a_lake_where_no_folder_can_be_made_is_named(tmp_path):
     config = load_config(overrides=[{"lake": str(tmp_path / "a-file" / "lake")}])
     with pytest.raises(PipelineError, match=rf"^lake {(tmp_path / 'a-file' / 'lake').as_uri()}: cannot create the run folder .*/runs/r: .*Not a directory"):
         lake.create_run(config, "r")
+
+
+def test_a_stage_takes_its_run_folder_as_a_path_or_a_uri(tmp_path, capsys):
+    assert parse_args("window", ["--run-dir", str(tmp_path / "runs" / "r1") + "/"]).run_dir == f"file://{tmp_path}/runs/r1"
+    assert parse_args("window", ["--run-dir", "s3://lake/runs/r1"]).run_dir == "s3://lake/runs/r1"
+    with pytest.raises(SystemExit) as stop:
+        run_stage("window", lambda *_: {}, ["--run-dir", str(tmp_path / "nothing")])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == f"ERROR [window] run folder file://{tmp_path}/nothing has no config.json: create the run first\n"
+    with pytest.raises(SystemExit) as stop:
+        parse_args("window", ["--run-dir", "gs://lake/runs/r1"])
+    assert stop.value.code == 2
+    assert "argument --run-dir: unsupported URI scheme gs://; use a local path, file:// or s3://" in capsys.readouterr().err

@@ -10,15 +10,26 @@ import time
 from collections.abc import Callable
 
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import PipelineConfig, from_json
+from spark_jobs.lib.config import PipelineConfig, from_json, to_uri
 from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 
 StageBody = Callable[["SparkSession", PipelineConfig, str], dict]  # noqa: F821
 
 
+def run_folder(text: str) -> str:
+    """--run-dir as a URI: a local path becomes file://, as in the config."""
+    try:
+        return to_uri(text).rstrip("/")
+    except ValueError as error:  # ConfigError included
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def parse_args(stage: str, argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=stage, description=f"Pipeline stage {stage!r} (a spark-submit application).")
-    parser.add_argument("--run-dir", required=True, help="run folder URI: file:///... or s3://bucket/prefix/runs/<run_id>")
+    parser.add_argument(
+        "--run-dir", required=True, type=run_folder,
+        help="the run folder: a local path, file:///... or s3://bucket/prefix/runs/<run_id>",
+    )
     return parser.parse_args(argv)
 
 
@@ -55,8 +66,7 @@ def stop_spark(spark) -> None:
 
 def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dict:
     """Run one stage against a run folder; exits 2 with a one-line message on bad input."""
-    args = parse_args(stage, argv)
-    run = args.run_dir.rstrip("/")
+    run = parse_args(stage, argv).run_dir
     try:
         config = load_run_config(run)
         lake.delete(lake.join(run, lake.error_path(stage)))
