@@ -18,6 +18,7 @@ from pathlib import Path
 from include import class_archive
 from include.spark_submit import STAGES, local_master, package_code, spark_submit_argv
 from spark_jobs.lib import corpus, lake, memory
+from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import ConfigError, PipelineConfig, apply_overrides, load_config, validate
 from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 
@@ -98,9 +99,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--corpus and --set change them",
     )
     parser.add_argument(
-        "--stages", default=",".join(STAGES), help="comma-separated stages to run, in order (default: all)"
+        "--stages", default=",".join(STAGES), help="comma-separated stages to run; they run in pipeline order (default: all)"
     )
     return parser.parse_args(argv)
+
+
+def chosen_stages(names: str) -> tuple[str, ...]:
+    """--stages as stages in pipeline order, whatever order they were named in."""
+    named = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = [name for name in named if name not in STAGES]
+    if unknown:
+        raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}")
+    if not named:
+        raise ConfigError(f"--stages names no stage; stages are {', '.join(STAGES)}")
+    return tuple(stage for stage in STAGES if stage in named)
+
+
+def check_new_run_has_inputs(stages: tuple[str, ...], run_id: str) -> None:
+    """In a new run folder nothing has completed: every stage's inputs must run too."""
+    for stage in stages:
+        missing = [source for source in stage_graph.INPUTS[stage] if source not in stages]
+        if missing:
+            raise ConfigError(
+                f"run {run_id} does not exist yet, and stage {stage} reads the outputs of {', '.join(missing)}: "
+                f"add {'them' if len(missing) > 1 else 'it'} to --stages, or give the --run-id of a run where "
+                f"{'they have' if len(missing) > 1 else 'it has'} completed"
+            )
 
 
 def resolve_config(args: argparse.Namespace) -> PipelineConfig:
@@ -120,16 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = resolve_config(args)
-        stages = tuple(stage for stage in args.stages.split(",") if stage)
-        unknown = [stage for stage in stages if stage not in STAGES]
-        if unknown:
-            raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}")
-        sizes = lake.corpus_files(config)
+        stages = chosen_stages(args.stages)
+        run_id = args.run_id or f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+        if not lake.exists(lake.join(lake.run_dir(config, run_id), lake.CONFIG_FILE)):
+            check_new_run_has_inputs(stages, run_id)
         if "tokenize" in stages:
-            corpus.check_fits(config, sizes)
+            corpus.check_fits(config, lake.corpus_files(config))
         if "train" in stages:
             memory.check_local_training(config)
-        run_id = args.run_id or f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
         run_dir = run_pipeline(config, run_id, stages)
     except (PipelineError, StageFailed) as error:
         print(f"ERROR {error}", file=sys.stderr)

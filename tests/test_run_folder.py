@@ -122,3 +122,37 @@ def test_a_stage_takes_its_run_folder_as_a_path_or_a_uri(tmp_path, capsys):
         parse_args("window", ["--run-dir", "gs://lake/runs/r1"])
     assert stop.value.code == 2
     assert "argument --run-dir: unsupported URI scheme gs://; use a local path, file:// or s3://" in capsys.readouterr().err
+
+
+def test_the_local_runner_runs_named_stages_in_pipeline_order():
+    from include import local_runner
+
+    assert local_runner.chosen_stages("generate,window, tokenize,window") == ("tokenize", "window", "generate")
+    with pytest.raises(PipelineError, match="unknown stage"):
+        local_runner.chosen_stages("tokenize,bogus")
+    with pytest.raises(PipelineError, match="--stages names no stage"):
+        local_runner.chosen_stages(",")
+
+
+def test_the_local_runner_refuses_a_new_run_without_the_stages_its_stages_read(tmp_path, capsys):
+    from include import local_runner
+
+    code = local_runner.main(["--run-id", "fresh", "--stages", "train,generate", "--set", f"lake={tmp_path / 'lake'}"])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "ERROR run fresh does not exist yet, and stage train reads the outputs of tokenize, positional_embed, "
+        "export: add them to --stages, or give the --run-id of a run where they have completed\n"
+    )
+    assert not (tmp_path / "lake").exists()
+
+
+@pytest.mark.parametrize(
+    "run_id, folder",
+    [("manual__2026-11-22T19:54:54+00:00", "manual__2026-11-22T19_54_54_00_00"), ("my run", "my_run"),
+     ("..", "_."), (".", "_"), ("../../etc", "_._.._etc"), ("v1.2", "v1.2")],
+)  # fmt: skip
+def test_a_run_id_never_names_a_hidden_folder_or_one_outside_runs(tmp_path, run_id, folder):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    assert lake.run_dir(config, run_id) == f"file://{tmp_path}/lake/runs/{folder}"
+    with pytest.raises(PipelineError, match="a run id must not be empty"):
+        lake.run_dir(config, "")

@@ -190,8 +190,12 @@ def run_dir(config: PipelineConfig, run_id: str) -> str:
 
 
 def safe_run_id(run_id: str) -> str:
-    """Airflow run ids hold ':' and '+', which are awkward in paths and S3 keys."""
-    return "".join(char if char.isalnum() or char in "-_." else "_" for char in run_id)
+    """The run id as a folder name: Airflow run ids hold ':' and '+', which are awkward in paths and
+    S3 keys, and a leading '.' would make a hidden folder, or with '..' the lake itself."""
+    if not run_id:
+        raise PipelineError("a run id must not be empty")
+    safe = "".join(char if char.isalnum() or char in "-_." else "_" for char in run_id)
+    return "_" + safe[1:] if safe.startswith(".") else safe
 
 
 def create_run(config: PipelineConfig, run_id: str) -> str:
