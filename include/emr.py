@@ -8,7 +8,6 @@ A run's code lives in s3://{emr.code_prefix}/{run_id}/: the stage entry files an
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import re
 import tempfile
@@ -190,18 +189,24 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
 
 
 def corpus_objects(config: PipelineConfig, s3_hook) -> dict[str, int]:
-    """Every corpus object on S3 (globs in the last path component) with its size, or a
-    PipelineError naming the pattern that matched nothing: checked before a cluster is created."""
+    """Every corpus object on S3 with its size, matched as the tokenize stage matches them
+    (lake.expand: an object, a folder's objects, or globs), or a PipelineError naming the pattern
+    that matched nothing: checked before a cluster is created."""
     found = {}
     for pattern in config.corpus:
-        bucket, key = split_s3_uri(pattern)
-        folder = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
-        listed = s3_hook.iter_file_metadata(folder if any(c in key for c in "*?[") else key, bucket_name=bucket)
-        matched = {
-            f"s3://{bucket}/{item['Key']}": item["Size"]
-            for item in listed
-            if fnmatch.fnmatchcase(item["Key"], key) or item["Key"] == key
-        }
+        folder, globs = lake.split_glob(pattern)
+        bucket, prefix = split_s3_uri(folder)
+        prefix = prefix.rstrip("/")
+        matched = {}
+        for item in s3_hook.iter_file_metadata(prefix, bucket_name=bucket):
+            key = item["Key"]
+            relative = key[len(prefix) + 1 :] if prefix else key
+            if key == prefix and not globs:
+                matched = {f"s3://{bucket}/{key}": item["Size"]}
+                break
+            below = not prefix or key.startswith(prefix + "/")
+            if below and not key.endswith("/") and (not globs or lake.matches(relative.split("/"), globs)):
+                matched[f"s3://{bucket}/{key}"] = item["Size"]
         if not matched:
             raise PipelineError(f"corpus {pattern} matches no object on S3")
         found |= matched

@@ -112,6 +112,9 @@ def test_a_prompt_that_yaml_reads_as_a_boolean_or_mapping_is_still_a_prompt():
         ("/data/books/*.txt", "books"),
         (["s3://bucket/corpora/wiki/part-*.txt", "/data/more.txt"], "wiki"),
         ("/data/Été 2020.md", "Ete-2020"),
+        ("/data/books/*/*.txt", "books"),
+        ("s3://bucket/books/**/*.txt", "books"),
+        ("/data/books/", "books"),
     ],
 )
 def test_run_name_defaults_to_the_corpus_name(corpus, name):

@@ -58,3 +58,34 @@ def test_a_corpus_on_an_s3_that_cannot_be_reached_is_named(monkeypatch, s3):
     config = load_config(overrides=[{"corpus": f"s3://{BUCKET}/books/*.txt"}])
     with pytest.raises(PipelineError, match=rf"^corpus s3://{BUCKET}/books/\*.txt cannot be listed: .*Could not connect"):
         lake.corpus_files(config)
+
+
+TREE = ["a.txt", "notes.md", "austen/emma.txt", "austen/notes.md", "bronte/vol1/jane.txt", "bronte/vol2/jane.txt"]
+
+
+@pytest.mark.parametrize(
+    "pattern, wanted",
+    [("", TREE), ("a.txt", ["a.txt"]), ("*.txt", ["a.txt"]), ("*/*.txt", ["austen/emma.txt"]),
+     ("**/*.txt", ["a.txt", "austen/emma.txt", "bronte/vol1/jane.txt", "bronte/vol2/jane.txt"]),
+     ("**", TREE), ("bronte/vol?/*.txt", ["bronte/vol1/jane.txt", "bronte/vol2/jane.txt"]),
+     ("[ab]*/**/*.md", ["austen/notes.md"]), ("*/vol1/*", ["bronte/vol1/jane.txt"]), ("austen", TREE[2:4]),
+     ("nothing/*.txt", []), ("**/*.pdf", [])],
+)  # fmt: skip
+def test_a_corpus_glob_matches_in_any_path_component(folder, pattern, wanted):
+    for name in TREE:
+        lake.write_text(lake.join(folder, name), "text\n")
+    lake.write_text(lake.join(folder + "2", "a.txt"), "text\n")  # a sibling whose name starts like this one's
+    uri = lake.join(folder, pattern) if pattern else folder
+    expected = {lake.join(folder, name): 5 for name in sorted(wanted)}
+    assert lake.expand(uri) == expected
+    if folder.startswith("s3://"):  # the EMR target's check before the cluster: the same objects
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+        from include import emr
+
+        config = load_config(overrides=[{"corpus": uri}])
+        if wanted:
+            assert emr.corpus_objects(config, S3Hook(aws_conn_id="aws_default")) == expected
+        else:
+            with pytest.raises(PipelineError, match="matches no object on S3"):
+                emr.corpus_objects(config, S3Hook(aws_conn_id="aws_default"))

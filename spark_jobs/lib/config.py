@@ -49,13 +49,18 @@ def to_uri(path_or_uri: str) -> str:
     return "file://" + (path if path.is_absolute() else REPO_ROOT / path).resolve().as_posix()
 
 
+def is_glob(name: str) -> bool:
+    """Whether a path component is a glob: `*`, `?` or `[…]` in it."""
+    return any(char in name for char in "*?[")
+
+
 def corpus_name(corpus: str) -> str:
     """A run name from a corpus path, glob or URI: the file name without its extension, or the
-    folder's name for a glob ("data/books/*.txt" -> "books")."""
+    name of the folder a glob starts in ("data/books/*.txt" and "data/books/*/*.txt" -> "books")."""
     path = corpus.split("://", 1)[-1].rstrip("/")
-    name = posixpath.basename(path)
-    if any(char in name for char in "*?["):
-        name = posixpath.basename(posixpath.dirname(path))
+    components = path.split("/")
+    globbed = [index for index, component in enumerate(components) if is_glob(component)]
+    name = components[globbed[0] - 1] if globbed else components[-1]
     name = unicodedata.normalize("NFKD", posixpath.splitext(name)[0]).encode("ascii", "ignore").decode()
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).lstrip("_.-")
     return name[:40] or "corpus"

@@ -21,7 +21,7 @@ from urllib.parse import quote
 from pyarrow import fs as pafs
 
 from spark_jobs.lib import stages
-from spark_jobs.lib.config import PipelineConfig
+from spark_jobs.lib.config import PipelineConfig, is_glob
 from spark_jobs.lib.errors import PipelineError
 
 CONFIG_FILE = "config.json"
@@ -147,27 +147,45 @@ def download_file(uri: str, target: str | Path) -> Path:
     return target
 
 
+def split_glob(pattern: str) -> tuple[str, list[str]]:
+    """(the folder a pattern's glob starts in, the glob's components); (pattern, []) for no glob."""
+    components = pattern.split("/")
+    first_glob = next((index for index, name in enumerate(components) if is_glob(name)), None)
+    if first_glob is None:
+        return pattern, []
+    return "/".join(components[:first_glob]), components[first_glob:]
+
+
 def expand(pattern: str) -> dict[str, int]:
-    """{URI: size in bytes} of the files matching a path, URI or glob (the glob may only be in the
-    last path component), from a listing rather than a request per file (thousands of S3 objects)."""
-    if not any(char in pattern for char in "*?["):
-        fs, path = filesystem(pattern)
-        info = fs.get_file_info(path)
-        if info.type == pafs.FileType.File:
-            return {pattern: info.size}
-        return list_file_sizes(pattern) if info.type == pafs.FileType.Directory else {}
-    folder, name_glob = pattern.rsplit("/", 1)
+    """{URI: size in bytes} of the files matching a path, URI or glob, from one listing rather than
+    a request per file (thousands of S3 objects). A folder stands for every file below it. Any
+    path component may be a glob (`*`, `?`, `[…]`, each matching within one component), and `**`
+    matches any number of folders: data/*/part-*.txt, s3://bucket/books/**/*.txt."""
+    folder, globs = split_glob(pattern)
     fs, path = filesystem(folder)
-    if fs.get_file_info(path).type != pafs.FileType.Directory:
+    info = fs.get_file_info(path)
+    if not globs and info.type == pafs.FileType.File:
+        return {pattern: info.size}
+    if info.type != pafs.FileType.Directory:
         return {}
-    infos = fs.get_file_info(pafs.FileSelector(path, recursive=False))
-    return dict(
-        sorted(
-            (join(folder, posixpath.basename(info.path)), info.size)
-            for info in infos
-            if info.type == pafs.FileType.File and fnmatch.fnmatch(posixpath.basename(info.path), name_glob)
-        )
-    )
+    if not globs:
+        return list_file_sizes(pattern)
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=len(globs) > 1 or "**" in globs))
+    matched = {}
+    for info in infos:
+        relative = posixpath.relpath(info.path, path)
+        if info.type == pafs.FileType.File and matches(relative.split("/"), globs):
+            matched[join(folder, relative)] = info.size
+    return dict(sorted(matched.items()))
+
+
+def matches(names: list[str], globs: list[str]) -> bool:
+    """Whether a relative path's components match the glob's, `**` standing for any number of them."""
+    if not globs:
+        return not names
+    if globs[0] == "**":
+        return any(matches(names[skip:], globs[1:]) for skip in range(len(names) + 1))
+    return bool(names) and fnmatch.fnmatchcase(names[0], globs[0]) and matches(names[1:], globs[1:])
 
 
 def corpus_files(config: PipelineConfig) -> dict[str, int]:
