@@ -16,7 +16,7 @@ from spark_jobs.lib.config import ConfigError
 
 # Param name -> (config field, description)
 FIELDS: dict[str, tuple[str, str]] = {
-    "corpus": ("corpus", "Corpus: a path, a glob (last path component) or a URI of UTF-8 text files"),
+    "corpus": ("corpus", "Corpus: UTF-8 text files: a file, a folder, a glob (books/**/*.txt) or a URI"),
     "run_name": ("run_name", "Names the run folder: runs/{run_name}-{Airflow run id}; empty: the corpus's name"),
     "vocab_size": ("tokenizer.vocab_size", "Byte-level BPE vocabulary size"),
     "block_size": ("data.block_size", "T: tokens the model sees at once"),
