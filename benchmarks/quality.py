@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from include.local_runner import run_pipeline, run_stage
-from include.spark_submit import package_code
-from spark_jobs.lib import lake
-from spark_jobs.lib.config import load_config, to_uri
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from include.local_runner import run_pipeline, run_stage  # noqa: E402
+from include.spark_submit import package_code  # noqa: E402
+from spark_jobs.lib import lake  # noqa: E402
+from spark_jobs.lib.config import load_config, to_uri  # noqa: E402
 
 PREPROCESS = ("tokenize", "window", "positional_embed", "export")
 
