@@ -164,8 +164,8 @@ def print_report(report: dict, pointer_uri: str, pointer: dict) -> None:
     print(f"\nrun folder:       {report['run_folder']}")
     print(f"S3 record:        {report['s3_uri']} (served by the moto server, gone when this command ends)")
     print(f"latest model:     {pointer_uri} -> {pointer['model']}")
-    print(f"final val loss:   {report['final_val_loss']} nats/token")
-    print(f"val nats/char:    {report['val_nats_per_char']}")
+    print(f"final val loss:   {report['final_val_loss']:.4f} nats/token")
+    print(f"val nats/char:    {report['val_nats_per_char']:.4f}")
     for message in report["warnings"]:
         print(f"warning:          {message}")
     print(f"generated sample:\n{report['sample']}")

@@ -241,3 +241,12 @@ def test_make_airflow_stops_with_a_task_running_and_leaves_no_process(tmp_path, 
     finally:
         with suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_the_run_summary_rounds_the_losses(capsys):
+    report = {"run_folder": "file:///lake/runs/r", "s3_uri": "s3://b/runs/r/", "final_val_loss": 4.378682374954224,
+              "val_nats_per_char": 1.7099787123061774, "warnings": ["a file is short"], "sample": "ROMEO: hark"}  # fmt: skip
+    airflow_local.print_report(report, "s3://b/runs/latest/r.json", {"model": "s3://b/runs/r/model/"})
+    out = capsys.readouterr().out
+    assert "final val loss:   4.3787 nats/token\nval nats/char:    1.7100\nwarning:          a file is short\n" in out
+    assert out.endswith("generated sample:\nROMEO: hark\n")
