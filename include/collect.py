@@ -9,6 +9,8 @@ is s3://{s3.bucket}/{s3.prefix}/latest/{run_name}.json: where consumers of the n
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import posixpath
 from datetime import datetime, timezone
@@ -67,6 +69,7 @@ def record_files(run: RunFolder) -> list[str]:
 
 def build_report(run: RunFolder, s3_uri: str, stages: tuple[str, ...]) -> dict:
     stats = {stage: run.read_json(f"stats/{stage}.json") for stage in stages}
+    config = json.loads(run.read("config.json"))
     train = stats["train"]
     return {
         "run": run.name,
@@ -74,22 +77,60 @@ def build_report(run: RunFolder, s3_uri: str, stages: tuple[str, ...]) -> dict:
         "s3_uri": s3_uri,
         "final_val_loss": train.get("final_val_loss"),
         "val_nats_per_char": train.get("final_val_nats_per_char"),
+        "corpus": config["corpus"],
+        "files": stats["tokenize"].get("files"),
+        "vocab_size": stats["tokenize"].get("tokenizer", {}).get("vocab_size"),
+        "splits": stats["export"].get("splits", {}),
+        "model": config["model"] | {"dim": config["embedding"]["dim"], "block_size": config["data"]["block_size"]},
         "stage_seconds": {stage: stats[stage].get("duration_s") for stage in stages},
         "warnings": [f"[{stage}] {message}" for stage in stages for message in stats[stage].get("warnings", [])],
         "train": train,
+        "evaluations": evaluations(run.read("stats/epochs.csv").decode("utf-8")),
         "sample": run.read("samples.txt").decode("utf-8"),
     }
 
 
+CURVE_COLUMNS = ("step", "train_loss", "val_loss", "val_nats_per_char", "learning_rate")
+
+
+def evaluations(epochs_csv: str) -> list[dict]:
+    """The validation passes of stats/epochs.csv: step, losses and learning rate of each."""
+    rows = csv.DictReader(io.StringIO(epochs_csv))
+    return [{column: float(row[column]) for column in CURVE_COLUMNS if row.get(column)} for row in rows]
+
+
+def figure(value, spec: str = ",") -> str:
+    return "?" if value is None else format(value, spec)
+
+
 def report_text(report: dict) -> str:
+    train, model, splits = report["train"], report["model"], report["splits"]
+    data = "; ".join(
+        f"{split} {figure(counts.get('chars'))} characters, {figure(counts.get('tokens'))} tokens, "
+        f"{figure(counts.get('windows'))} windows"
+        for split, counts in splits.items()
+    )
+    curve = "\n".join(
+        "| " + " | ".join(figure(row.get(column), ".0f" if column == "step" else ".4g") for column in CURVE_COLUMNS) + " |"
+        for row in report["evaluations"]
+    )
     stages = "\n".join(f"| {stage} | {seconds} |" for stage, seconds in report["stage_seconds"].items())
     warnings = "\n".join(f"- {message}" for message in report["warnings"])
     return (
         f"# Run {report['run']}\n\n"
+        f"Final validation loss: **{figure(report['final_val_loss'], '.4f')} nats/token**, "
+        f"**{figure(report['val_nats_per_char'], '.4f')} nats/char**.\n\n"
         f"- record: {report['s3_uri']}\n"
         f"- run folder: {report['run_folder']}\n"
-        f"- final validation loss: {report['final_val_loss']} nats/token, {report['val_nats_per_char']} nats/char\n\n"
-        f"| stage | seconds |\n|---|---|\n{stages}\n\n"
+        f"- corpus: {', '.join(report['corpus'])} ({figure(report['files'])} file{'' if report['files'] == 1 else 's'}): "
+        f"{data}\n"
+        f"- model: {model['n_layer']} layers, {model['n_head']} heads, width {model['dim']}, "
+        f"{model['block_size']} tokens of context, vocabulary {figure(report['vocab_size'])}: "
+        f"{figure(train.get('parameters'))} parameters\n"
+        f"- training: {figure(train.get('steps'))} steps on {figure(train.get('workers'))} workers, "
+        f"{figure(train.get('tokens_per_s'), ',.0f')} tokens/s, {figure(train.get('train_wall_s'), ',.0f')} s\n\n"
+        f"## Validation\n\n| {' | '.join(CURVE_COLUMNS)} |\n|{'---|' * len(CURVE_COLUMNS)}\n{curve}\n\n"
+        f"## Stages\n\n| stage | seconds |\n|---|---|\n{stages}\n\n"
         + (f"## Warnings\n\n{warnings}\n\n" if warnings else "")
         + f"## Sample\n\n```\n{report['sample']}\n```\n"
     )

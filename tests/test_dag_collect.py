@@ -49,11 +49,16 @@ SHORT_FILE_WARNING = "corpus file file:///c/a.txt: its validation part has 4 tok
 def run_files(config_json: str, nats_per_char: float = 0.9) -> dict[str, bytes]:
     files = {f"stats/{stage}.json": json.dumps({"duration_s": 1.5}).encode() for stage in STAGES}
     files["stats/window.json"] = json.dumps({"duration_s": 1.5, "warnings": [SHORT_FILE_WARNING]}).encode()
-    train = {"duration_s": 9.0, "final_val_loss": 2.5, "final_val_nats_per_char": nats_per_char}
+    files["stats/tokenize.json"] = json.dumps({"duration_s": 1.5, "files": 1, "tokenizer": {"vocab_size": 300}}).encode()
+    splits = {"train": {"chars": 9000, "tokens": 4000, "windows": 60}, "val": {"chars": 1000, "tokens": 450, "windows": 5}}
+    files["stats/export.json"] = json.dumps({"duration_s": 1.5, "splits": splits}).encode()
+    train = {"duration_s": 9.0, "final_val_loss": 2.5, "final_val_nats_per_char": nats_per_char, "steps": 40,
+             "workers": 2, "parameters": 123456, "tokens_per_s": 5123.4, "train_wall_s": 8.2}  # fmt: skip
     files |= {
         "config.json": config_json.encode(),
         "stats/train.json": json.dumps(train).encode(),
-        "stats/epochs.csv": b"epoch,step,val_loss\n1,20,2.5\n",
+        "stats/epochs.csv": b"epoch,step,train_loss,val_loss,val_nats_per_char,learning_rate\n1,20,3.1,2.7,1.0,0.002\n"
+        + f"2,40,2.6,2.5,{nats_per_char},0.0002\n".encode(),
         "model/model.keras": b"\x00model bytes\xff",
         "model/tokenizer.json": b"{}",
         "samples.txt": "The man starts with a sample".encode(),
@@ -89,7 +94,14 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     assert (report["final_val_loss"], report["val_nats_per_char"]) == (2.5, 0.9)
     assert report["stage_seconds"] == {stage: (9.0 if stage == "train" else 1.5) for stage in STAGES}
     assert report["sample"] == "The man starts with a sample"
-    assert "0.9 nats/char" in copied["report.md"].decode()
+    text = copied["report.md"].decode()
+    assert "Final validation loss: **2.5000 nats/token**, **0.9000 nats/char**." in text
+    assert f"- corpus: {config.corpus[0]} (1 file): train 9,000 characters, 4,000 tokens, 60 windows; val 1,000" in text
+    assert "- model: 4 layers, 4 heads, width 128, 128 tokens of context, vocabulary 300: 123,456 parameters" in text
+    assert "- training: 40 steps on 2 workers, 5,123 tokens/s, 8 s" in text
+    assert "| 20 | 3.1 | 2.7 | 1 | 0.002 |\n| 40 | 2.6 | 2.5 | 0.9 | 0.0002 |\n" in text
+    assert report["evaluations"][-1] == {"step": 40, "train_loss": 2.6, "val_loss": 2.5, "val_nats_per_char": 0.9,
+                                         "learning_rate": 0.0002}  # fmt: skip
     # Stage warnings travel with the report, so that a run on EMR shows them too.
     assert report["warnings"] == [f"[window] {SHORT_FILE_WARNING}"]
     assert f"## Warnings\n\n- [window] {SHORT_FILE_WARNING}\n" in copied["report.md"].decode()
