@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
-from include.collect import REPORT_JSON, latest_key
+from include.collect import REPORT_JSON, REPORT_TEXT, latest_key
 from include import process_tree
 from include.local_s3 import LocalS3
 from spark_jobs.lib import corpus, lake, memory
@@ -162,6 +162,7 @@ def latest_pointer(s3: LocalS3, config: PipelineConfig) -> tuple[str, dict]:
 
 def print_report(report: dict, pointer_uri: str, pointer: dict) -> None:
     print(f"\nrun folder:       {report['run_folder']}")
+    print(f"report:           {report['run_folder']}/{REPORT_TEXT}")
     print(f"S3 record:        {report['s3_uri']} (served by the moto server, gone when this command ends)")
     print(f"latest model:     {pointer_uri} -> {pointer['model']}")
     print(f"final val loss:   {report['final_val_loss']:.4f} nats/token")

@@ -22,8 +22,7 @@ from spark_jobs.lib.errors import PipelineError
 AWS_CONN_ID = "aws_default"
 RECORD_FILES = ("config.json", "samples.txt")
 RECORD_FOLDERS = ("stats/", "model/")
-REPORT_JSON = "report.json"
-REPORT_TEXT = "report.md"
+REPORT_JSON, REPORT_TEXT = lake.REPORT_JSON, lake.REPORT_TEXT
 LATEST_FOLDER = "latest"
 
 
@@ -57,6 +56,14 @@ class RunFolder:
 
     def read_json(self, relative: str) -> dict:
         return json.loads(self.read(relative))
+
+    def write(self, relative: str, data: bytes) -> None:
+        uri = lake.join(self.uri, relative)
+        if uri.startswith("s3://"):
+            bucket, key = self.hook.parse_s3_url(uri)
+            self.hook.load_bytes(data, key=key, bucket_name=bucket, replace=True)
+        else:
+            lake.write_bytes(uri, data)
 
 
 def record_files(run: RunFolder) -> list[str]:
@@ -137,7 +144,8 @@ def report_text(report: dict) -> str:
 
 
 def collect_record(run_dir: str, hook, stages: tuple[str, ...]) -> dict:
-    """Copy the run's record to S3, then the report (written last: its presence means complete)."""
+    """Copy the run's record to S3, then the report (written last: its presence means complete);
+    the run folder gets the report too (a stage that runs again there removes it)."""
     run = RunFolder(run_dir, hook)
     config = from_json(run.read("config.json").decode("utf-8"))
     bucket = config.s3.bucket
@@ -147,8 +155,11 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...]) -> dict:
     for path in record_files(run):
         hook.load_bytes(run.read(path), key=f"{prefix}/{path}", bucket_name=bucket, replace=True)
     report = build_report(run, f"s3://{bucket}/{prefix}/", stages)
-    hook.load_string(report_text(report), key=f"{prefix}/{REPORT_TEXT}", bucket_name=bucket, replace=True)
-    hook.load_string(json.dumps(report, indent=2), key=f"{prefix}/{REPORT_JSON}", bucket_name=bucket, replace=True)
+    files = {REPORT_TEXT: report_text(report), REPORT_JSON: json.dumps(report, indent=2)}
+    for name, text in files.items():
+        hook.load_string(text, key=f"{prefix}/{name}", bucket_name=bucket, replace=True)
+    for name, text in files.items():
+        run.write(name, text.encode("utf-8"))
     return report
 
 

@@ -248,5 +248,6 @@ def test_the_run_summary_rounds_the_losses(capsys):
               "val_nats_per_char": 1.7099787123061774, "warnings": ["a file is short"], "sample": "ROMEO: hark"}  # fmt: skip
     airflow_local.print_report(report, "s3://b/runs/latest/r.json", {"model": "s3://b/runs/r/model/"})
     out = capsys.readouterr().out
+    assert "run folder:       file:///lake/runs/r\nreport:           file:///lake/runs/r/report.md\n" in out
     assert "final val loss:   4.3787 nats/token\nval nats/char:    1.7100\nwarning:          a file is short\n" in out
     assert out.endswith("generated sample:\nROMEO: hark\n")

@@ -95,6 +95,11 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     assert report["stage_seconds"] == {stage: (9.0 if stage == "train" else 1.5) for stage in STAGES}
     assert report["sample"] == "The man starts with a sample"
     text = copied["report.md"].decode()
+    # The run folder keeps the report too, until a stage runs there again.
+    assert lake.read_text(lake.join(run_dir, "report.md")) == text
+    assert json.loads(lake.read_text(lake.join(run_dir, "report.json"))) == report
+    lake.clear_stage(run_dir, "generate")
+    assert not lake.exists(lake.join(run_dir, "report.md")) and not lake.exists(lake.join(run_dir, "report.json"))
     assert "Final validation loss: **2.5000 nats/token**, **0.9000 nats/char**." in text
     assert f"- corpus: {config.corpus[0]} (1 file): train 9,000 characters, 4,000 tokens, 60 windows; val 1,000" in text
     assert "- model: 4 layers, 4 heads, width 128, 128 tokens of context, vocabulary 300: 123,456 parameters" in text

@@ -25,6 +25,9 @@ from spark_jobs.lib.config import PipelineConfig, is_glob
 from spark_jobs.lib.errors import PipelineError
 
 CONFIG_FILE = "config.json"
+# The run's report, written by the collect task once every stage has completed.
+REPORT_JSON = "report.json"
+REPORT_TEXT = "report.md"
 LOCAL_FILESYSTEM = pafs.LocalFileSystem()
 
 
@@ -245,11 +248,13 @@ def error_path(stage: str) -> str:
 
 
 def clear_stage(run: str, stage: str) -> list[str]:
-    """Mark a stage and the stages that read its outputs as not complete; returns those of them
-    that were complete."""
+    """Mark a stage and the stages that read its outputs as not complete, and remove the run's
+    report, which no longer describes it; returns the stages that were complete."""
     cleared = [name for name in (stage, *stages.downstream(stage)) if exists(stats_uri(run, name))]
     for name in cleared:
         delete(stats_uri(run, name))
+    for report in (REPORT_JSON, REPORT_TEXT):
+        delete(join(run, report))
     return cleared
 
 
