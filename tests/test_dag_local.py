@@ -143,6 +143,10 @@ def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airfl
     sample = read("samples.txt").decode()
     assert sample.startswith(config["generate"]["prompt"]) and len(sample) > len(config["generate"]["prompt"])
     assert report["sample"] == sample
+    assert [row["step"] for row in report["evaluations"]] == [int(row["step"]) for row in rows]
+    assert report["splits"]["train"]["windows"] > 0 and report["model"]["n_layer"] == config["model"]["n_layer"]
+    run_folder = lake.run_dir(load_config(overrides=[{"lake": str(tmp_path / "lake")}]), f"e2e-{run_id}")
+    assert lake.read_text(lake.join(run_folder, "report.md")) == read("report.md").decode()
 
     # promote pointed the run name's latest pointer at this model and updated the model asset.
     pointer = json.loads(client.get_object(Bucket=BUCKET, Key="runs/latest/e2e.json")["Body"].read())
