@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spark_jobs.lib import lake
+from spark_jobs.lib import bpe, lake
 from spark_jobs.lib.config import GenerateConfig, PipelineConfig, load_config, to_uri
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage
@@ -77,28 +77,45 @@ def next_token(logits: np.ndarray, settings: GenerateConfig, rng: np.random.Gene
 
 
 def generate(model, tokenizer, settings: GenerateConfig) -> str:
-    """The prompt and its continuation of settings.max_new_tokens tokens; the same seed gives
-    the same text."""
+    """The prompt and its continuation of up to settings.max_new_tokens tokens, ending early where
+    the model ends the document (<|endoftext|>); the same seed gives the same text."""
     ids = tokenizer.encode(settings.prompt).ids
     if not ids:
         raise PipelineError(f"the prompt {settings.prompt!r} encodes to no tokens")
     block_size = model.get_layer("embedding").block_size
+    end_of_text = bpe.separator_id(tokenizer)
     rng = np.random.default_rng(settings.seed)
     for _ in range(settings.max_new_tokens):
         context = ids[-block_size:]
         logits = model(np.array([context], dtype=np.int32), training=False)
-        ids.append(next_token(np.asarray(logits[0, -1]), settings, rng))
+        token = next_token(np.asarray(logits[0, -1]), settings, rng)
+        if token == end_of_text:
+            break
+        ids.append(token)
     return tokenizer.decode(ids)
+
+
+SAMPLE_SEPARATOR = "\n---------------\n"
+
+
+def samples(model, tokenizer, settings: GenerateConfig) -> str:
+    """settings.num_samples samples, sample i with seed settings.seed + i, separated by a line of dashes."""
+    texts = [
+        generate(model, tokenizer, settings.model_copy(update={"seed": settings.seed + i}))
+        for i in range(settings.num_samples)
+    ]
+    return SAMPLE_SEPARATOR.join(texts)
 
 
 def generate_stage(spark, config: PipelineConfig, run: str) -> dict:
     lake.require_stage(run, "train")
     model, tokenizer = load_model(lake.join(run, MODEL_DIR))
-    text = generate(model, tokenizer, config.generate)
+    text = samples(model, tokenizer, config.generate)
     lake.write_text(lake.join(run, SAMPLES_FILE), text + "\n")
     print(text, flush=True)
     return {"prompt": config.generate.prompt, "new_tokens": config.generate.max_new_tokens,
-            "strategy": config.generate.strategy, "seed": config.generate.seed, "chars": len(text)}  # fmt: skip
+            "strategy": config.generate.strategy, "seed": config.generate.seed,
+            "samples": config.generate.num_samples, "chars": len(text)}  # fmt: skip
 
 
 def cli(argv: list[str]) -> int:
@@ -119,13 +136,14 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--num-samples", type=int)
     args = vars(parser.parse_args(argv))
     model_dir, pointer = args.pop("model_dir"), args.pop("latest")
     try:
         given = {key: value for key, value in args.items() if value is not None}
         settings = load_config(overrides={"generate": given}).generate
         model_uri = pointed_model(to_uri(pointer)) if pointer else to_uri(model_dir)
-        print(generate(*load_model(model_uri), settings))
+        print(samples(*load_model(model_uri), settings))
     except PipelineError as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2

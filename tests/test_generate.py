@@ -10,7 +10,9 @@ import pytest
 from tokenizers import ByteLevelBPETokenizer
 
 from include.local_s3 import LocalS3
-from spark_jobs.generate import generate, load_model, next_token
+from spark_jobs import generate as generate_module
+from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, next_token, samples
+from spark_jobs.lib import bpe
 from spark_jobs.lib import lake, train_state
 from spark_jobs.lib.config import REPO_ROOT, GenerateConfig, load_config
 from spark_jobs.lib.errors import PipelineError
@@ -70,6 +72,23 @@ def test_generation_repeats_with_the_same_seed_and_varies_with_another(model_dir
     assert other != first
 
 
+def test_generation_stops_where_the_model_ends_the_document(model_dir, monkeypatch):
+    model, tokenizer = load_model(model_dir.as_uri())
+    to, be = tokenizer.encode(" to").ids[0], tokenizer.encode(" be").ids[0]
+    drawn = iter([to, be, bpe.separator_id(tokenizer), to])
+    monkeypatch.setattr(generate_module, "next_token", lambda *_: next(drawn))
+    text = generate(model, tokenizer, settings(prompt="Not", max_new_tokens=10))
+    assert text == tokenizer.decode(tokenizer.encode("Not").ids + [to, be])  # nothing after the separator
+
+
+def test_several_samples_take_consecutive_seeds(model_dir):
+    model, tokenizer = load_model(model_dir.as_uri())
+    options = settings(prompt="ROMEO:", max_new_tokens=8, strategy="top_k", seed=11, num_samples=3)
+    texts = samples(model, tokenizer, options).split(SAMPLE_SEPARATOR)
+    assert texts == [generate(model, tokenizer, options.model_copy(update={"seed": 11 + i})) for i in range(3)]
+    assert len(set(texts)) == 3
+
+
 def test_context_longer_than_the_block_is_cropped(model_dir):
     model, tokenizer = load_model(model_dir.as_uri())
     text = generate(model, tokenizer, settings(prompt="To be, or not to be: " * 4, max_new_tokens=12, strategy="greedy"))
@@ -94,6 +113,12 @@ def test_cli_prints_a_seeded_continuation(model_dir):
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith("ROMEO:")
     assert first.stdout == again.stdout
+
+
+def test_cli_prints_several_samples(model_dir):
+    completed = cli("--model-dir", str(model_dir), "--prompt", "ROMEO:", "--max-new-tokens", "5", "--num-samples", "2")
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.count(SAMPLE_SEPARATOR) == 1 and completed.stdout.count("ROMEO:") == 2
 
 
 def test_cli_rejects_bad_settings_by_name(model_dir):
