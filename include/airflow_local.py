@@ -269,7 +269,7 @@ def split_overrides(words: str) -> list[str]:
     except ValueError as error:  # an unmatched quote
         raise ConfigError(
             f"SET {words!r}: {error}; put a value holding a quote in the other kind of quotes, "
-            """as in generate.prompt="O'er the hill\""""
+            'as in generate.prompt="O\'er the hill"'
         ) from None
 
 

@@ -141,7 +141,7 @@ class GenerateConfig(_Section):
     top_k: int = Field(ge=1)
     top_p: float = Field(gt=0, le=1)
     seed: int
-    num_samples: int = Field(default=1, ge=1, le=1000)
+    num_samples: int = Field(default=1, ge=1, le=100)
 
 
 class EmrConfig(_Section):
