@@ -11,9 +11,9 @@ import json
 import os
 import posixpath
 import re
+import types
 import unicodedata
 from pathlib import Path
-import types
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
@@ -269,8 +269,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def _takes_text(path: list[str]) -> bool:
-    """Whether the setting at path is text (str, or str or None), so a value for it is never read as a number,
-    a boolean or a collection."""
+    """Whether the setting at path takes text (str, or str or None): a value for it is never read
+    as a number, a boolean or a collection."""
     section: type[BaseModel] = PipelineConfig
     for part in path[:-1]:
         field = section.model_fields.get(part)
