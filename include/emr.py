@@ -205,7 +205,7 @@ def corpus_objects(config: PipelineConfig, s3_hook) -> dict[str, int]:
                 matched = {f"s3://{bucket}/{key}": item["Size"]}
                 break
             below = not prefix or key.startswith(prefix + "/")
-            if below and not key.endswith("/") and (not globs or lake.matches(relative.split("/"), globs)):
+            if below and not key.endswith("/") and lake.matches(relative.split("/"), globs or ["**"]):
                 matched[f"s3://{bucket}/{key}"] = item["Size"]
         if not matched:
             raise PipelineError(f"corpus {pattern} matches no object on S3")

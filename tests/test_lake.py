@@ -61,6 +61,7 @@ def test_a_corpus_on_an_s3_that_cannot_be_reached_is_named(monkeypatch, s3):
 
 
 TREE = ["a.txt", "notes.md", "austen/emma.txt", "austen/notes.md", "bronte/vol1/jane.txt", "bronte/vol2/jane.txt"]
+HIDDEN = [".DS_Store", "_SUCCESS", ".git/objects/ab", "austen/.emma.txt.crc", "_temporary/0/part-0.txt"]
 
 
 @pytest.mark.parametrize(
@@ -69,10 +70,13 @@ TREE = ["a.txt", "notes.md", "austen/emma.txt", "austen/notes.md", "bronte/vol1/
      ("**/*.txt", ["a.txt", "austen/emma.txt", "bronte/vol1/jane.txt", "bronte/vol2/jane.txt"]),
      ("**", TREE), ("bronte/vol?/*.txt", ["bronte/vol1/jane.txt", "bronte/vol2/jane.txt"]),
      ("[ab]*/**/*.md", ["austen/notes.md"]), ("*/vol1/*", ["bronte/vol1/jane.txt"]), ("austen", TREE[2:4]),
-     ("nothing/*.txt", []), ("**/*.pdf", [])],
+     ("nothing/*.txt", []), ("**/*.pdf", []),
+     # Hidden names (as Hadoop hides them) only where the glob names them so.
+     (".*", [".DS_Store"]), ("_*", ["_SUCCESS"]), ("austen/.*.crc", ["austen/.emma.txt.crc"]),
+     ("_temporary/**/*.txt", ["_temporary/0/part-0.txt"])],
 )  # fmt: skip
 def test_a_corpus_glob_matches_in_any_path_component(folder, pattern, wanted):
-    for name in TREE:
+    for name in TREE + HIDDEN:
         lake.write_text(lake.join(folder, name), "text\n")
     lake.write_text(lake.join(folder + "2", "a.txt"), "text\n")  # a sibling whose name starts like this one's
     uri = lake.join(folder, pattern) if pattern else folder

@@ -163,7 +163,9 @@ def expand(pattern: str) -> dict[str, int]:
     """{URI: size in bytes} of the files matching a path, URI or glob, from one listing rather than
     a request per file (thousands of S3 objects). A folder stands for every file below it. Any
     path component may be a glob (`*`, `?`, `[…]`, each matching within one component), and `**`
-    matches any number of folders: data/*/part-*.txt, s3://bucket/books/**/*.txt."""
+    matches any number of folders: data/*/part-*.txt, s3://bucket/books/**/*.txt. Below a folder
+    or a glob, names starting with '.' or '_' are hidden, as Hadoop and Spark take them (.DS_Store,
+    .git/, _SUCCESS, .part-0.crc), unless the glob's own component starts so."""
     folder, globs = split_glob(pattern)
     fs, path = filesystem(folder)
     info = fs.get_file_info(path)
@@ -171,8 +173,7 @@ def expand(pattern: str) -> dict[str, int]:
         return {pattern: info.size}
     if info.type != pafs.FileType.Directory:
         return {}
-    if not globs:
-        return list_file_sizes(pattern)
+    globs = globs or ["**"]
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=len(globs) > 1 or "**" in globs))
     matched = {}
     for info in infos:
@@ -183,12 +184,25 @@ def expand(pattern: str) -> dict[str, int]:
 
 
 def matches(names: list[str], globs: list[str]) -> bool:
-    """Whether a relative path's components match the glob's, `**` standing for any number of them."""
+    """Whether a relative path's components match the glob's, `**` standing for any number of
+    them; a hidden name (see expand) only matches a component that starts the same way."""
     if not globs:
         return not names
     if globs[0] == "**":
-        return any(matches(names[skip:], globs[1:]) for skip in range(len(names) + 1))
-    return bool(names) and fnmatch.fnmatchcase(names[0], globs[0]) and matches(names[1:], globs[1:])
+        return any(matches(names[skip:], globs[1:]) for skip in range(len(names) + 1) if not hidden(names[:skip]))
+    return (
+        bool(names)
+        and not hidden(names[:1], globs[0])
+        and fnmatch.fnmatchcase(names[0], globs[0])
+        and matches(names[1:], globs[1:])
+    )
+
+
+HIDDEN_PREFIXES = (".", "_")
+
+
+def hidden(names: list[str], glob: str = "") -> bool:
+    return not glob.startswith(HIDDEN_PREFIXES) and any(name.startswith(HIDDEN_PREFIXES) for name in names)
 
 
 def corpus_files(config: PipelineConfig) -> dict[str, int]:
