@@ -57,9 +57,15 @@ CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form
 MODEL_ASSET = Asset(name="gpt_pipeline_model", uri=latest_folder(CONFIG))
 
 
+def corpus_asset(uri: str) -> Asset:
+    """The asset of a corpus URI, named by it. Its URI keeps a '#' or '?' in the path (a glob's
+    '?' too) percent-encoded: Airflow would cut the URI there, as at a fragment or a query."""
+    return Asset(name=uri, uri=uri.replace("#", "%23").replace("?", "%3F"))
+
+
 def retraining_schedule(config: PipelineConfig):
     """Retrain when the corpus asset is updated, and on the configured cron or preset if there is one."""
-    corpus_assets = AssetAny(*(Asset(uri) for uri in config.corpus))
+    corpus_assets = AssetAny(*(corpus_asset(uri) for uri in config.corpus))
     if config.schedule is None:
         return corpus_assets
     timetable = CronTriggerTimetable(config.schedule, timezone="UTC")

@@ -68,6 +68,16 @@ def test_one_run_at_a_time_no_catchup_and_retraining_on_corpus_updates(dag):
     assert {asset.uri for asset in dag.timetable.asset_condition.objects} == set(corpus)
 
 
+def test_a_corpus_asset_keeps_hashes_and_question_marks_of_its_path(dag_module):
+    corpus = ["file:///data/my books #2/*.txt", "file:///data/vol?/*.txt", "s3://bucket/books/*.txt"]
+    assets = dag_module.retraining_schedule(load_config(overrides=[{"corpus": corpus}])).objects
+    assert [(asset.name, asset.uri) for asset in assets] == [
+        ("file:///data/my books #2/*.txt", "file:///data/my books %232/*.txt"),
+        ("file:///data/vol?/*.txt", "file:///data/vol%3F/*.txt"),
+        ("s3://bucket/books/*.txt", "s3://bucket/books/*.txt"),
+    ]
+
+
 def test_schedule_from_config_adds_a_cron_or_preset_to_the_corpus_asset(dag_module):
     schedule = dag_module.retraining_schedule(load_config(overrides=["schedule=@weekly"]))
     assert isinstance(schedule, AssetOrTimeSchedule)
