@@ -9,7 +9,8 @@ validate_config → create_cluster → tokenize → … → generate → collect
 Each stage is a Spark application run with spark-submit (include/spark_submit.py builds the
 command for every target); stages talk only through the run folder `{lake}/runs/{run}/`.
 `collect` copies the resolved config, stats, model and samples to
-`s3://{s3.bucket}/{s3.prefix}/{run}/` with a short report, through the `aws_default` connection.
+`s3://{s3.bucket}/{s3.prefix}/{run}/` through the `aws_default` connection, with a report
+(report.md: losses, data, model, training, every validation pass) that the run folder keeps too.
 `promote` points `s3://{s3.bucket}/{s3.prefix}/latest/{run_name}.json` at the new model (with
 `s3.promote: if_better`, only when its validation loss per character is no higher) and then updates
 the `gpt_pipeline_model` asset, which DAGs that use the model can be scheduled on.
