@@ -69,10 +69,13 @@ class EmrStageSensor(EmrStepSensor):
     def poke(self, context) -> bool:
         self.step_id = self.current_step(step_name(self.stage, context["ti"].try_number))
         try:
-            return super().poke(context)
+            done = super().poke(context)
         except AirflowException:
             self.report_stage_error()
             raise
+        if not done:
+            self.report_progress()
+        return done
 
     def current_step(self, name: str) -> str:
         newest = next(iter(self.stage_steps()), None)
@@ -88,9 +91,21 @@ class EmrStageSensor(EmrStepSensor):
         steps = [step for page in pages for step in page["Steps"]]
         return [step for step in steps if step["Name"] == self.stage or step["Name"].startswith(f"{self.stage} (try ")]
 
+    def run_folder(self) -> RunFolder:
+        return RunFolder(self.run_dir, S3Hook(aws_conn_id=self.aws_conn_id, region_name=self.region_name))
+
+    def report_progress(self) -> None:
+        """Log how far the running stage is, from the progress file it keeps in the run folder (train
+        does), so that the task's log follows a long step; the step's own log reaches S3 only after it."""
+        try:
+            run, path = self.run_folder(), lake.progress_path(self.stage)
+            if run.has(path):
+                self.log.info("%s: %s", self.stage, describe_progress(run.read_json(path)))
+        except Exception as error:  # reading progress must never fail the wait
+            self.log.warning("%s: progress not readable: %s", self.stage, error)
+
     def report_stage_error(self) -> None:
-        path = lake.error_path(self.stage)
-        run = RunFolder(self.run_dir, S3Hook(aws_conn_id=self.aws_conn_id, region_name=self.region_name))
+        path, run = lake.error_path(self.stage), self.run_folder()
         if not run.has(path):
             self.log.error("%s left no %s in the run folder: its step log (stderr.gz) under emr.log_uri says why",
                            self.stage, path)
@@ -99,6 +114,16 @@ class EmrStageSensor(EmrStepSensor):
         self.log.error("%s stopped: %s", self.stage, error["error"])
         if error["bad_input"]:  # the same input would stop the retry too
             raise AirflowFailException(f"{self.stage}: {error['error']}")
+
+
+def describe_progress(progress: dict) -> str:
+    """'step 1,200 of 3,000 (40%), loss 3.2100, 25,000 tokens/s, about 12 min left (at …)'."""
+    step, last = progress["step"], progress["max_steps"]
+    minutes = max(1, round(progress["seconds_left"] / 60))
+    return (
+        f"step {step:,} of {last:,} ({step / last:.0%}), loss {progress['loss']:.4f}, "
+        f"{progress['tokens_per_s']:,} tokens/s, about {minutes:,} min left (at {progress['updated_at']})"
+    )
 
 
 def cluster_tasks(config: PipelineConfig, prepared, stages=STAGES, sensor_mode: str = "reschedule"):

@@ -36,6 +36,8 @@ CORPUS = f"s3://{BUCKET}/corpus/*.txt"
 OVERRIDES = {"target": "emr", "corpus": CORPUS, "lake": f"s3://{BUCKET}/lake", "emr": {"poke_interval_seconds": 1}}
 SONNET_LINE = b"Shall I compare thee to a summer's day?\n"
 TRAIN_STATS = {"final_val_loss": 4.2, "final_val_nats_per_char": 1.3}
+TRAIN_PROGRESS = {"step": 1200, "max_steps": 3000, "loss": 3.21, "tokens_per_s": 25000, "seconds_left": 700,
+                  "updated_at": "2026-11-22T10:00:00Z"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +111,10 @@ class Cluster(threading.Thread):
     stage does (bad input when `bad_input`); a completed step writes its stage's marker. The steps
     of the stages in `hanging` run forever."""
 
-    def __init__(self, s3, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=()):
+    def __init__(self, s3, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), slow_train=False):
         super().__init__(daemon=True)
         self.s3, self.failures, self.bad_input, self.hanging = s3, dict(failures or {}), bad_input, hanging
+        self.slow_train, self.train_started = slow_train, None
         self.finished: list[str] = []
         self.stop = threading.Event()
 
@@ -130,6 +133,9 @@ class Cluster(threading.Thread):
             step.state = "RUNNING"
             return
         run_dir = step.args[step.args.index("--run-dir") + 1]
+        if stage_name == "train" and self.slow_train and self.still_training(run_dir):
+            step.state = "RUNNING"
+            return
         if self.failures.get(stage_name, 0) > 0:
             self.failures[stage_name] -= 1
             message = "the corpus is not UTF-8" if self.bad_input else "RuntimeError: the executor was lost"
@@ -149,6 +155,14 @@ class Cluster(threading.Thread):
         step.end_date_time = datetime.now(timezone.utc)
         self.finished.append(step.name)
 
+    def still_training(self, run_dir: str) -> bool:
+        """A train step that runs for a few pokes, its progress in the run folder as the stage keeps it."""
+        if self.train_started is None:
+            self.train_started = time.monotonic()
+            bucket, key = emr.split_s3_uri(lake.join(run_dir, lake.progress_path("train")))
+            self.s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(TRAIN_PROGRESS).encode())
+        return time.monotonic() - self.train_started < 3
+
     def __enter__(self):
         self.start()
         return self
@@ -158,13 +172,14 @@ class Cluster(threading.Thread):
         self.join()
 
 
-def run_dag(aws, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), time_limit_s=None):
+def run_dag(aws, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), time_limit_s=None,
+            slow_train=False):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     for stage_name in STAGES:
         dag.get_task(stage_name).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
         if time_limit_s:
             dag.get_task(stage_name).timeout = time_limit_s
-    with Cluster(aws["s3"], failures, bad_input, hanging) as cluster:
+    with Cluster(aws["s3"], failures, bad_input, hanging, slow_train) as cluster:
         dag_run = dag.test()
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     return dag_run, states, cluster.finished
@@ -284,6 +299,13 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
     # the retried step is the same command
     steps = {step["Name"]: step["Config"]["Args"] for step in aws["emr"].list_steps(ClusterId=only_cluster(aws)["Id"])["Steps"]}
     assert steps["window (try 2)"] == steps["window"]
+
+
+def test_the_train_task_logs_the_progress_the_running_step_reports(airflow_db, aws, capfd):
+    dag_run, states, _ = run_dag(aws, slow_train=True)
+    assert dag_run.state == "success", states
+    logged = "".join(capfd.readouterr())
+    assert "train: step 1,200 of 3,000 (40%), loss 3.2100, 25,000 tokens/s, about 12 min left (at 2026-11-22T10:00:00Z)" in logged
 
 
 def test_a_step_that_fails_in_every_try_fails_the_run_and_the_cluster_is_still_terminated(airflow_db, aws):

@@ -87,6 +87,8 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared):
     assert float(last["val_loss"]) < float(first["val_loss"])
     assert float(last["val_nats_per_char"]) == pytest.approx(stats["final_val_nats_per_char"], rel=1e-5)
     assert float(first["grad_norm_min"]) <= float(first["grad_norm_mean"]) <= float(first["grad_norm_max"])
+    progress = lake.read_json(lake.join(run, lake.progress_path("train")))  # what the EMR task logs while it runs
+    assert (progress["step"], progress["max_steps"], progress["seconds_left"]) == (40, 40, 0) and progress["loss"] > 0
     # The windows were small enough to stay in memory, and the memory estimate runs were checked
     # against came close to what the workers reached.
     assert all(worker["windows_in_memory"] for worker in workers)

@@ -261,6 +261,12 @@ def error_path(stage: str) -> str:
     return f"errors/{stage}.json"
 
 
+def progress_path(stage: str) -> str:
+    """Where, in the run folder, a running stage reports how far it is (train does; the EMR target's
+    task logs it while the step runs)."""
+    return f"progress/{stage}.json"
+
+
 def clear_stage(run: str, stage: str) -> list[str]:
     """Mark a stage and the stages that read its outputs as not complete, and remove the run's
     report, which no longer describes it; returns the stages that were complete."""

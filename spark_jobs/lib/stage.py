@@ -69,7 +69,8 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dic
     run = parse_args(stage, argv).run_dir
     try:
         config = load_run_config(run)
-        lake.delete(lake.join(run, lake.error_path(stage)))
+        for leftover in (lake.error_path(stage), lake.progress_path(stage)):
+            lake.delete(lake.join(run, leftover))
         stale = [name for name in lake.clear_stage(run, stage) if name != stage]
         if stale:
             note = f"NOTE [{stage}] {', '.join(stale)} read this stage's outputs: no longer complete"

@@ -201,6 +201,7 @@ class Worker:
             if self.is_chief and (step % train.log_interval == 0 or step == train.max_steps):
                 rate = self.tokens_per_step / seconds
                 print(f"[train] step {step}/{train.max_steps} loss {loss:.4f} {rate:,.0f} tokens/s", flush=True)
+                self.report_progress(step, loss, rate, step_seconds / (step - self.start_step))
             last = step == train.max_steps
             if step % train.eval_interval == 0 or last:
                 self.record_interval(step, stats, time.perf_counter() - interval_started, last)
@@ -208,6 +209,16 @@ class Worker:
             if step % train.checkpoint_interval == 0 and not last and self.is_chief:
                 train_state.save_backup(self.run, step, self.model, self.optimizer, self.rows, self.fingerprint)
         return self.summary(time.perf_counter() - loop_started, step_seconds)
+
+    def report_progress(self, step: int, loss: float, tokens_per_s: float, seconds_per_step: float) -> None:
+        """progress/train.json in the run folder: how far training is, for whoever watches the run."""
+        last = self.config.train.max_steps
+        progress = {
+            "step": step, "max_steps": last, "loss": round(loss, 4), "tokens_per_s": round(tokens_per_s),
+            "seconds_left": round((last - step) * seconds_per_step),
+            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }  # fmt: skip
+        lake.write_json(lake.join(self.run, lake.progress_path("train")), progress)
 
     @property
     def tokens_per_step(self) -> int:
