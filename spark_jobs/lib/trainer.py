@@ -218,7 +218,10 @@ class Worker:
             "seconds_left": round((last - step) * seconds_per_step),
             "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }  # fmt: skip
-        lake.write_json(lake.join(self.run, lake.progress_path("train")), progress)
+        try:
+            lake.write_json(lake.join(self.run, lake.progress_path("train")), progress)
+        except OSError as error:  # progress is for watching: a failed write must not stop training
+            print(f"[train] progress not written: {error}", flush=True)
 
     @property
     def tokens_per_step(self) -> int:
