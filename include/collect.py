@@ -12,12 +12,15 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import posixpath
 from datetime import datetime, timezone
 
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import from_json
 from spark_jobs.lib.errors import PipelineError
+
+log = logging.getLogger(__name__)
 
 AWS_CONN_ID = "aws_default"
 RECORD_FILES = ("config.json", "samples.txt")
@@ -158,8 +161,11 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...]) -> dict:
     files = {REPORT_TEXT: report_text(report), REPORT_JSON: json.dumps(report, indent=2)}
     for name, text in files.items():
         hook.load_string(text, key=f"{prefix}/{name}", bucket_name=bucket, replace=True)
-    for name, text in files.items():
-        run.write(name, text.encode("utf-8"))
+    try:
+        for name, text in files.items():
+            run.write(name, text.encode("utf-8"))
+    except Exception as error:  # a copy for convenience (the record has it): e.g. a lake Airflow may only read
+        log.warning("the report was not copied to the run folder %s: %s", run.uri, error)
     return report
 
 

@@ -112,6 +112,22 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     assert f"## Warnings\n\n- [window] {SHORT_FILE_WARNING}\n" in copied["report.md"].decode()
 
 
+def test_a_run_folder_that_cannot_take_the_report_still_gets_a_whole_record(s3, hook, tmp_path, monkeypatch, caplog):
+    from include import collect
+
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    run_dir = lake.run_dir(config, "read-only")
+    finished_run(s3, run_dir, run_files(config.to_json()))
+
+    def refuse(self, relative, data):
+        raise PermissionError(f"cannot write {relative}")
+
+    monkeypatch.setattr(collect.RunFolder, "write", refuse)
+    report = collect_record(run_dir, hook, STAGES)
+    assert set(record(s3, "read-only")) >= {"report.json", "report.md"} and report["final_val_loss"] == 2.5
+    assert f"the report was not copied to the run folder {run_dir}: cannot write report.md" in caplog.text
+
+
 def test_an_unfinished_run_is_not_collected(s3, hook, tmp_path):
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
     run_dir = lake.run_dir(config, "unfinished")
