@@ -83,10 +83,12 @@ def test_a_corpus_on_s3_is_refused_since_the_local_s3_starts_empty(tmp_path, mon
 
 
 def make_run(tmp_path, **variables) -> subprocess.CompletedProcess:
-    """`make run NAME=value …` as typed in a shell, the values exactly as given."""
+    """`make run NAME=value …` as typed in a shell, the values exactly as given; in this test's
+    environment, which make must not rebuild (-o venv) while the tests run in it."""
     env = {**os.environ, "GPT_PIPELINE_AIRFLOW_HOME": str(tmp_path / "home")}
+    make = ["make", "--no-print-directory", "-o", "venv", f"VENV={sys.prefix}", "run"]
     return subprocess.run(
-        ["make", "--no-print-directory", "run", *(f"{name}={value}" for name, value in variables.items())],
+        [*make, *(f"{name}={value}" for name, value in variables.items())],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
 
