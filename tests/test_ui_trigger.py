@@ -94,7 +94,8 @@ class AirflowUI:
         self.log_path = log_path
         self.log = log_path.open("w")
         self.process = subprocess.Popen(
-            ["make", "--no-print-directory", "airflow"],
+            # -o venv: make must not rebuild the environment the tests run in.
+            ["make", "--no-print-directory", "-o", "venv", f"VENV={sys.prefix}", "airflow"],
             cwd=REPO_ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
