@@ -44,7 +44,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, A
 from include import emr, emr_tasks, local_runner, trigger_form
 from include.collect import AWS_CONN_ID, collect_record, latest_folder, promote_record
 from include.spark_submit import STAGES, package_code
-from spark_jobs.lib import corpus, lake, memory
+from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib.config import ConfigError, PipelineConfig, defaults_path, load_config, read_yaml
 from spark_jobs.lib.errors import name_some
 from spark_jobs.lib.stage import load_run_config
@@ -96,7 +96,9 @@ def check_corpus(config: PipelineConfig, sizes: dict[str, int]) -> None:
 def validate_config() -> str:
     """Build this run's config from pipeline.yaml and the trigger form, check it, create the run folder."""
     config, run_id = form_config()
-    check_corpus(config, lake.corpus_files(config))
+    sizes = lake.corpus_files(config)
+    check_corpus(config, sizes)
+    storage.check_lake_room(config, sizes)
     log.info("training: %s", memory.describe(memory.check_local_training(config)))
     run_dir = lake.create_run(config, run_id)
     log.info("run folder: %s", run_dir)

@@ -29,7 +29,7 @@ from pathlib import Path
 from include.collect import REPORT_JSON, REPORT_TEXT, latest_key
 from include import process_tree
 from include.local_s3 import LocalS3
-from spark_jobs.lib import corpus, lake, memory
+from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig, defaults_path, load_config
 from spark_jobs.lib.errors import PipelineError, name_some
 
@@ -295,12 +295,14 @@ def main(argv: list[str] | None = None) -> int:
                 "that starts empty; give a local path or file:// URI, or read the corpus from S3 with the local "
                 "runner (`.venv/bin/python -m include.local_runner`, with your AWS credentials) or target 'emr'"
             )
-        # The DAG's first task checks both again; `make airflow` leaves the memory check to it,
-        # since each triggered run's form may change the model.
-        corpus.check_fits(config, lake.corpus_files(config))
+        # The DAG's first task checks all again; `make airflow` leaves the memory and disk checks
+        # to it, since each triggered run's form may change the model and the windows.
+        sizes = lake.corpus_files(config)
+        corpus.check_fits(config, sizes)
         if args.command == "ui":
             return ui(config)
         memory.check_local_training(config)
+        storage.check_lake_room(config, sizes)
         return run(config, conf)
     except PipelineError as error:
         print(f"ERROR {error}", file=sys.stderr)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from include import class_archive
 from include.spark_submit import STAGES, local_master, package_code, spark_submit_argv
-from spark_jobs.lib import corpus, lake, memory
+from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import ConfigError, PipelineConfig, apply_overrides, load_config, validate
 from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
@@ -149,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         if not lake.exists(lake.join(lake.run_dir(config, run_id), lake.CONFIG_FILE)):
             check_new_run_has_inputs(stages, run_id)
         if "tokenize" in stages:
-            corpus.check_fits(config, lake.corpus_files(config))
+            sizes = lake.corpus_files(config)
+            corpus.check_fits(config, sizes)
+            storage.check_lake_room(config, sizes)
         if "train" in stages:
             memory.check_local_training(config)
         run_dir = run_pipeline(config, run_id, stages)

@@ -93,6 +93,20 @@ def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, 
 
 
 @pytest.mark.slow
+def test_windows_too_big_for_the_lakes_disk_fail_validate_config(local_airflow, tmp_path):
+    env, _, home = local_airflow
+    huge = tmp_path / "huge.txt"
+    with huge.open("wb") as file:
+        file.truncate(2 * 10**12)  # sparse
+    code, output = dags_test(env, {"corpus": str(huge), "stride": 1, "overrides": [f"lake={tmp_path / 'lake'}"]})
+    assert code != 0
+    assert "PipelineError: the run's windows and TFRecords need at least" in output
+    _, state, tasks = last_run_states(home)
+    assert state == "failed" and tasks["validate_config"] == "failed"
+    assert not (tmp_path / "lake").exists()
+
+
+@pytest.mark.slow
 def test_a_bad_corpus_fails_tokenize_without_a_retry(local_airflow, tmp_path):
     env, _, home = local_airflow
     corpus = tmp_path / "corpus.txt"

@@ -12,7 +12,7 @@ import pytest
 
 from include import local_runner
 from include.spark_submit import package_code
-from spark_jobs.lib import corpus, lake
+from spark_jobs.lib import corpus, lake, storage
 from spark_jobs.lib.embeddings import sinusoidal
 from tests.conftest import new_run, small_config
 
@@ -159,6 +159,16 @@ def test_tfrecords_hold_the_windows_and_match_the_manifest(preprocessed):
             assert all((inputs[1:] == targets[:-1]).all() for inputs, targets in records)
             total += len(records)
         assert total == info["windows"] == len(by_idx)
+
+
+def test_the_disk_check_estimates_less_than_the_run_took_but_not_far_less(preprocessed):
+    """storage.check_lake_room refuses only runs that cannot fit: its estimate stays below the real sizes."""
+    config, run, texts = preprocessed
+    corpus_bytes = sum(len(text.encode("utf-8")) for text in texts.values())
+    least = storage.least_run_bytes(config, corpus_bytes)
+    for folder, estimate in (("windows", least["windows_bytes"]), ("tfrecords", least["tfrecords_bytes"])):
+        taken = sum(lake.list_file_sizes(lake.join(run, folder)).values())
+        assert taken / 10 < estimate < taken, (folder, estimate, taken)
 
 
 def test_a_bad_file_fails_the_application_with_exit_code_2(tmp_path, code_dir, capfd):

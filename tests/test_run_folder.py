@@ -156,3 +156,26 @@ def test_a_run_id_never_names_a_hidden_folder_or_one_outside_runs(tmp_path, run_
     assert lake.run_dir(config, run_id) == f"file://{tmp_path}/lake/runs/{folder}"
     with pytest.raises(PipelineError, match="a run id must not be empty"):
         lake.run_dir(config, "")
+
+
+def test_a_run_whose_windows_cannot_fit_the_lakes_disk_is_refused_before_anything_runs(tmp_path, capsys):
+    from include import local_runner
+
+    huge = tmp_path / "huge.txt"
+    with huge.open("wb") as file:
+        file.truncate(2 * 10**12)  # 2 TB, sparse: with stride 1, hundreds of TB of windows
+    code = local_runner.main(["--corpus", str(huge), "--set", f"lake={tmp_path / 'lake'}", "--set", "data.stride=1"])
+    assert code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("ERROR the run's windows and TFRecords need at least ")
+    assert f"GB free for lake file://{tmp_path}/lake: raise data.stride, or put the lake on a larger disk" in error
+    assert not (tmp_path / "lake").exists()
+
+
+def test_a_small_stride_multiplies_what_the_windows_take():
+    from spark_jobs.lib import storage
+
+    wide, dense = (storage.least_run_bytes(load_config(overrides=[f"data.stride={s}"]), 10**9) for s in (64, 1))
+    assert dense["windows"] == 64 * wide["windows"] and dense["tfrecords_bytes"] == 64 * wide["tfrecords_bytes"]
+    s3_lake = load_config(overrides=["target=emr", "lake=s3://bucket/lake"])
+    storage.check_lake_room(s3_lake, {"s3://bucket/huge.txt": 10**18})  # no disk to fill on S3
