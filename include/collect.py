@@ -101,6 +101,7 @@ def build_report(run: RunFolder, s3_uri: str, stages: tuple[str, ...]) -> dict:
 
 
 CURVE_COLUMNS = ("step", "train_loss", "val_loss", "val_nats_per_char", "learning_rate")
+CURVE_HEADINGS = ("step", "training loss", "validation loss", "validation nats/char", "learning rate")
 
 
 def evaluations(epochs_csv: str) -> list[dict]:
@@ -139,7 +140,7 @@ def report_text(report: dict) -> str:
         f"{figure(train.get('parameters'))} parameters\n"
         f"- training: {figure(train.get('steps'))} steps on {figure(train.get('workers'))} workers, "
         f"{figure(train.get('tokens_per_s'), ',.0f')} tokens/s, {figure(train.get('train_wall_s'), ',.0f')} s\n\n"
-        f"## Validation\n\n| {' | '.join(CURVE_COLUMNS)} |\n|{'---|' * len(CURVE_COLUMNS)}\n{curve}\n\n"
+        f"## Validation\n\n| {' | '.join(CURVE_HEADINGS)} |\n|{'---|' * len(CURVE_HEADINGS)}\n{curve}\n\n"
         f"## Stages\n\n| stage | seconds |\n|---|---|\n{stages}\n\n"
         + (f"## Warnings\n\n{warnings}\n\n" if warnings else "")
         + f"## Sample\n\n```\n{report['sample']}\n```\n"
