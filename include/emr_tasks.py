@@ -119,10 +119,11 @@ class EmrStageSensor(EmrStepSensor):
 def describe_progress(progress: dict) -> str:
     """'step 1,200 of 3,000 (40%), loss 3.2100, 25,000 tokens/s, about 12 min left (at …)'."""
     step, last = progress["step"], progress["max_steps"]
-    minutes = max(1, round(progress["seconds_left"] / 60))
+    minutes = round(progress["seconds_left"] / 60)
+    left = f"about {minutes:,} min left" if minutes else "under a minute left"
     return (
         f"step {step:,} of {last:,} ({step / last:.0%}), loss {progress['loss']:.4f}, "
-        f"{progress['tokens_per_s']:,} tokens/s, about {minutes:,} min left (at {progress['updated_at']})"
+        f"{progress['tokens_per_s']:,} tokens/s, {left} (at {progress['updated_at']})"
     )
 
 

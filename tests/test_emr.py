@@ -300,3 +300,12 @@ def test_a_stage_task_adds_a_step_only_when_its_try_has_none_to_wait_on(steps, t
     sensor.__dict__["hook"] = cluster = FakeEmr(steps)  # in place of the cached EmrHook
     assert sensor.current_step(emr_tasks.step_name("window", try_number)) == waits_on
     assert cluster.added == ([adds] if adds else [])
+
+
+def test_training_progress_reads_as_a_line_of_the_task_log():
+    progress = {"step": 40, "max_steps": 300, "loss": 4.5, "tokens_per_s": 25474, "seconds_left": 20,
+                "updated_at": "2026-11-22T10:00:00Z"}  # fmt: skip
+    assert emr_tasks.describe_progress(progress) == (
+        "step 40 of 300 (13%), loss 4.5000, 25,474 tokens/s, under a minute left (at 2026-11-22T10:00:00Z)"
+    )
+    assert "about 2 min left" in emr_tasks.describe_progress({**progress, "seconds_left": 130})
