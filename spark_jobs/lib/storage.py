@@ -52,10 +52,14 @@ def check_lake_room(config: PipelineConfig, sizes: dict[str, int]) -> None:
     if total <= free:
         return
     block_size, stride = config.data.block_size, config.data.stride
+    overlap = (
+        f": each token is in about {(block_size + 1) / stride:,.0f} of them, data.block_size + 1 = {block_size + 1} "
+        f"over data.stride = {stride}"
+        if stride < block_size
+        else ""
+    )
     raise PipelineError(
         f"the run's windows and TFRecords need at least {total / GB:,.1f} GB (windows/ {need['windows_bytes'] / GB:,.1f}, "
-        f"tfrecords/ {need['tfrecords_bytes'] / GB:,.1f} for about {need['windows']:,.0f} windows: each token is in "
-        f"about {(block_size + 1) / stride:,.0f} of them, data.block_size + 1 = {block_size + 1} over data.stride = "
-        f"{stride}), more than the {free / GB:,.1f} GB free for lake {config.lake}: raise data.stride, or put the lake "
-        "on a larger disk"
+        f"tfrecords/ {need['tfrecords_bytes'] / GB:,.1f} for about {need['windows']:,.0f} windows{overlap}), more "
+        f"than the {free / GB:,.1f} GB free for lake {config.lake}: raise data.stride, or put the lake on a larger disk"
     )
