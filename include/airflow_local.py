@@ -12,6 +12,7 @@ triggered from the form and watched. Airflow's home is airflow_home/ in the chec
 from __future__ import annotations
 
 import argparse
+import copy
 import fcntl
 import json
 import os
@@ -30,7 +31,9 @@ from include.collect import REPORT_JSON, REPORT_TEXT, latest_key
 from include import process_tree
 from include.local_s3 import LocalS3
 from spark_jobs.lib import corpus, lake, memory, storage
-from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig, defaults_path, load_config
+from spark_jobs.lib.config import (
+    REPO_ROOT, ConfigError, PipelineConfig, apply_overrides, defaults_path, load_config, read_yaml,
+)
 from spark_jobs.lib.errors import PipelineError, name_some
 
 DAG_ID = "gpt_pipeline"
@@ -273,6 +276,19 @@ def split_overrides(words: str) -> list[str]:
         ) from None
 
 
+def check_target_local(overrides: list[str]) -> None:
+    """Before validation, whose complaints about an emr config (an s3:// lake) would miss the point."""
+    defaults = read_yaml(defaults_path())
+    target = apply_overrides(copy.deepcopy(defaults), overrides).get("target")
+    if target == "emr":  # any other value than local is the config model's to name
+        origin = defaults_path() if target == defaults.get("target") else "SET"
+        raise PipelineError(
+            f"target: {target!r} (from {origin}): `make run` and `make airflow` run the DAG with "
+            "target 'local', their S3 a moto server on this machine; run target 'emr' from an Airflow with "
+            "an AWS connection (README: Running on AWS EMR)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -280,14 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         conf: dict = {"overrides": overrides}
         if args.corpus:
             conf["corpus"] = args.corpus
+        check_target_local(overrides)
         # Checked here too so that a bad value stops before Airflow starts; the DAG checks it again.
         config = load_config(overrides=overrides + ([{"corpus": args.corpus}] if args.corpus else []))
-        if config.target != "local":
-            raise PipelineError(
-                f"target: {config.target!r} (from {defaults_path()}): `make run` and `make airflow` run the DAG with "
-                "target 'local', their S3 a moto server on this machine; run target 'emr' from an Airflow with "
-                "an AWS connection (README: Running on AWS EMR)"
-            )
         on_s3 = [uri for uri in config.corpus if uri.startswith("s3://")]
         if on_s3:
             raise PipelineError(

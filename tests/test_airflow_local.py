@@ -62,6 +62,16 @@ def test_target_emr_is_refused_before_airflow_starts(tmp_path, monkeypatch, caps
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
+def test_target_emr_from_set_is_named_as_such_before_the_config_model_speaks(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    # The lake is still file://, which the config model would refuse for emr first.
+    assert airflow_local.main(["run", "--overrides", "target=emr"]) == 2
+    assert "ERROR target: 'emr' (from SET): `make run` and `make airflow` run the DAG" in capsys.readouterr().err
+    assert airflow_local.main(["run", "--overrides", "target=emrr"]) == 2
+    assert "target: Input should be 'local' or 'emr' (got 'emrr')" in capsys.readouterr().err
+    assert not (tmp_path / "home").exists(), "Airflow's home was touched"
+
+
 def test_a_missing_or_too_small_corpus_is_named_before_airflow_starts(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
     assert airflow_local.main(["run", "--corpus", str(tmp_path / "books" / "*.txt")]) == 2
