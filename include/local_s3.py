@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import urllib.request
 
 import boto3
 from moto.server import ThreadedMotoServer
@@ -34,6 +35,9 @@ class LocalS3:
         self.server.start()
         host, port = self.server.get_host_and_port()
         self.endpoint_url = f"http://{host}:{port}"
+        # moto keeps its state per process, not per server: drop what an earlier server (or a
+        # test's moto) in this process left, so that every server starts empty.
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST"), timeout=30)
         for bucket in self.buckets:
             self.client().create_bucket(Bucket=bucket)
         return self

@@ -210,6 +210,14 @@ def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(tm
     assert airflow_local.unfinished_runs(home) == []
 
 
+def test_every_local_s3_starts_empty():
+    """moto keeps state per process: a second server must not show the first one's buckets."""
+    with LocalS3(buckets=("gpt-pipeline",)) as s3:
+        s3.client().put_object(Bucket="gpt-pipeline", Key="runs/a/report.json", Body=b"{}")
+    with LocalS3() as s3:
+        assert s3.client().list_buckets()["Buckets"] == []
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
