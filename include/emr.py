@@ -58,9 +58,11 @@ def instance_type(config: PipelineConfig, field: str, template: dict | None = No
 
 
 def fill(node: Any, values: dict[str, Any]) -> Any:
-    """Replace ${name} placeholders in every string of a YAML tree."""
+    """Replace ${name} placeholders in every string of a YAML tree. A key whose value comes out
+    null (an optional setting left unset) is left out: RunJobFlow takes no nulls."""
     if isinstance(node, dict):
-        return {key: fill(value, values) for key, value in node.items()}
+        filled = {key: fill(value, values) for key, value in node.items()}
+        return {key: value for key, value in filled.items() if value is not None}
     if isinstance(node, list):
         return [fill(item, values) for item in node]
     if not isinstance(node, str):
@@ -86,10 +88,20 @@ def job_flow_overrides(config: PipelineConfig, run_id: str) -> dict:
         "code_uri": code_uri(config, run_id),
         "venv": template["venv"],
         "core_market": "SPOT" if config.emr.core_spot else "ON_DEMAND",
+        "core_ebs": core_ebs(config),
         "idle_timeout_seconds": config.emr.idle_timeout_minutes * 60,
         "tags": [{"Key": key, "Value": value} for key, value in tags.items()],
     }
     return fill(template["job_flow"], values)
+
+
+def core_ebs(config: PipelineConfig) -> dict | None:
+    """A core node's EBS volume when emr.core_ebs_gb is set. Each training worker copies its
+    shards to its node's disk, so a large corpus may need more than the default volumes."""
+    if config.emr.core_ebs_gb is None:
+        return None
+    volume = {"VolumeSpecification": {"VolumeType": "gp3", "SizeInGB": config.emr.core_ebs_gb}, "VolumesPerInstance": 1}
+    return {"EbsBlockDeviceConfigs": [volume], "EbsOptimized": True}
 
 
 # A stage's step that fails is added again this many times (not after bad input or its time limit).

@@ -9,7 +9,9 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import botocore.session
 import pytest
+from botocore.validate import validate_parameters
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -67,6 +69,39 @@ def test_spark_runs_the_bootstrapped_python():
 def test_on_demand_core_nodes_by_default():
     request = emr.job_flow_overrides(emr_config(), RUN_ID)
     assert request["Instances"]["InstanceGroups"][1]["Market"] == "ON_DEMAND"
+
+
+def valid_run_job_flow(request: dict) -> None:
+    """Raises unless request is a RunJobFlow request by the EMR API's own model (as boto3 checks
+    a request before sending it)."""
+    model = botocore.session.get_session().get_service_model("emr").operation_model("RunJobFlow")
+    validate_parameters(request, model.input_shape)
+
+
+def test_optional_network_and_disk_settings_are_left_out_until_set():
+    request = emr.job_flow_overrides(emr_config(), RUN_ID)
+    valid_run_job_flow(request)
+    assert not {"Ec2SubnetId", "Ec2KeyName"} & set(request["Instances"])
+    assert "EbsConfiguration" not in request["Instances"]["InstanceGroups"][1]
+    assert "None" not in repr(request)
+
+    request = emr.job_flow_overrides(
+        emr_config("emr.subnet_id=subnet-0123456789abcdef0", "emr.key_name=ml-team", "emr.core_ebs_gb=200"), RUN_ID
+    )
+    valid_run_job_flow(request)
+    assert (request["Instances"]["Ec2SubnetId"], request["Instances"]["Ec2KeyName"]) == (
+        "subnet-0123456789abcdef0", "ml-team"
+    )
+    master, core = request["Instances"]["InstanceGroups"]
+    assert core["EbsConfiguration"]["EbsBlockDeviceConfigs"] == [
+        {"VolumeSpecification": {"VolumeType": "gp3", "SizeInGB": 200}, "VolumesPerInstance": 1}
+    ]
+    assert "EbsConfiguration" not in master
+
+
+def test_a_subnet_that_is_no_subnet_id_is_named():
+    with pytest.raises(ConfigError, match=r"emr.subnet_id: String should match pattern .* \(got 'vpc-0123abcd'\)"):
+        emr_config("emr.subnet_id=vpc-0123abcd")
 
 
 def test_unknown_instance_type_is_named():

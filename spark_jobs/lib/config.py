@@ -151,6 +151,9 @@ class EmrConfig(_Section):
     core_instance_type: str
     core_instance_count: int = Field(ge=1)
     core_spot: bool
+    core_ebs_gb: int | None = Field(default=None, ge=1, le=16384)
+    subnet_id: str | None = Field(default=None, pattern=r"^subnet-[0-9a-f]{8,17}$")
+    key_name: str | None = Field(default=None, min_length=1)
     log_uri: str = Field(pattern=r"^s3://")
     code_prefix: str = Field(pattern=r"^s3://")
     job_flow_role: str
