@@ -112,7 +112,9 @@ def validate_config_for_emr() -> dict:
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     config, run_id = form_config()
-    check_corpus(config, emr.corpus_objects(config, S3Hook(aws_conn_id=config.emr.aws_conn_id)))
+    sizes = emr.corpus_objects(config, S3Hook(aws_conn_id=config.emr.aws_conn_id))
+    check_corpus(config, sizes)
+    storage.check_core_node_room(config, sizes)
     return emr_tasks.prepare(config, run_id, CONFIG)
 
 

@@ -350,6 +350,21 @@ def test_a_corpus_too_small_for_a_window_fails_before_any_cluster_exists(airflow
     assert [item["Key"] for item in aws["s3"].list_objects_v2(Bucket=BUCKET)["Contents"]] == ["corpus/sonnets.txt"]
 
 
+def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluster_exists(
+    airflow_db, aws, emr_defaults, capfd
+):
+    settings = apply_overrides(read_yaml(emr_defaults), {"data": {"stride": 1}, "emr": {"core_ebs_gb": 1}})
+    emr_defaults.write_text(yaml.safe_dump(settings))
+    aws["s3"].put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=SONNET_LINE * 1_000_000)  # 40 MB
+    dag_run, states, finished = run_dag(aws)
+
+    logged = "".join(capfd.readouterr())
+    assert "PipelineError: each of the 2 training workers copies at least 1.3 GB of TFRecord shards to its core " \
+           "node, more than its emr.core_ebs_gb = 1 GB volume" in logged  # fmt: skip
+    assert states["validate_config"] == "failed" and finished == []
+    assert aws["emr"].list_clusters()["Clusters"] == []
+
+
 def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr_defaults):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     config = load_config(overrides=OVERRIDES)

@@ -1,4 +1,4 @@
-"""Room for a run's data in a local lake, checked before anything runs.
+"""Room for a run's data in a local lake, and on EMR's core nodes, checked before anything runs.
 
 The windows/ Parquet and the TFRecords hold every window's ids, so they grow with the corpus times
 (data.block_size + 1) / data.stride: at the default 129 / 64 they are a few times the corpus, but
@@ -62,4 +62,20 @@ def check_lake_room(config: PipelineConfig, sizes: dict[str, int]) -> None:
         f"the run's windows and TFRecords need at least {total / GB:,.1f} GB (windows/ {need['windows_bytes'] / GB:,.1f}, "
         f"tfrecords/ {need['tfrecords_bytes'] / GB:,.1f} for about {need['windows']:,.0f} windows{overlap}), more "
         f"than the {free / GB:,.1f} GB free for lake {config.lake}: raise data.stride, or put the lake on a larger disk"
+    )
+
+
+def check_core_node_room(config: PipelineConfig, sizes: dict[str, int]) -> None:
+    """On EMR each training worker copies its share of the TFRecords to its core node's disk: with
+    emr.core_ebs_gb set, stop a run whose share cannot fit on that volume."""
+    volume_gb = config.emr.core_ebs_gb
+    if config.target != "emr" or volume_gb is None:
+        return
+    share = least_run_bytes(config, sum(sizes.values()))["tfrecords_bytes"] / config.train.num_workers
+    if share <= volume_gb * GB:
+        return
+    raise PipelineError(
+        f"each of the {config.train.num_workers} training workers copies at least {share / GB:,.1f} GB of TFRecord "
+        f"shards to its core node, more than its emr.core_ebs_gb = {volume_gb} GB volume: raise emr.core_ebs_gb "
+        "or data.stride"
     )
