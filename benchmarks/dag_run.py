@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include.airflow_local import DAG_ID, dags_test, prepare, read_report  # noqa: E402
 from include.local_s3 import LocalS3  # noqa: E402
-from spark_jobs.lib.config import load_config  # noqa: E402
+from spark_jobs.lib.config import add_set_argument, load_config  # noqa: E402
 
 GOAL_S = 300
 
@@ -45,7 +45,7 @@ def task_times(db_path: Path) -> tuple[datetime, list[tuple[str, float, datetime
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(parser)
     args = parser.parse_args(argv)
     corpus = [{"corpus": args.corpus}] if args.corpus else []
     config = load_config(overrides=args.overrides + corpus)

@@ -32,7 +32,7 @@ from include import class_archive  # noqa: E402
 from include.local_runner import run_stage  # noqa: E402
 from include.spark_submit import package_code  # noqa: E402
 from spark_jobs.lib import bpe, lake  # noqa: E402
-from spark_jobs.lib.config import REPO_ROOT, load_config  # noqa: E402
+from spark_jobs.lib.config import REPO_ROOT, add_set_argument, load_config  # noqa: E402
 
 STAGES = ("tokenize", "window", "positional_embed", "export")
 SHAKESPEARE = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--files", type=int, default=1, help="cut the corpus into this many files at line ends (default 1)"
     )
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(parser)
     parser.add_argument("--repeats", type=int, default=3, help="bare tokenizer runs (best is kept)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folders (corpus and run folder)")
     parser.add_argument("--json", help="also write the figures to this file")

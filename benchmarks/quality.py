@@ -23,14 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from include.local_runner import run_pipeline, run_stage  # noqa: E402
 from include.spark_submit import package_code  # noqa: E402
 from spark_jobs.lib import lake  # noqa: E402
-from spark_jobs.lib.config import load_config, to_uri  # noqa: E402
+from spark_jobs.lib.config import add_set_argument, load_config, to_uri  # noqa: E402
 
 PREPROCESS = ("tokenize", "window", "positional_embed", "export")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(parser)
     parser.add_argument("--workers", default="2,1", help="worker counts to train with, comma-separated")
     parser.add_argument("--lake", default=str(Path(tempfile.gettempdir()) / "gpt-pipeline-bench"))
     args = parser.parse_args()

@@ -255,7 +255,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("run", "ui"))
     parser.add_argument("--corpus", help="run: corpus path, glob or URI (empty: the one in pipeline.yaml)")
-    parser.add_argument(
+    parser.add_argument(  # one value per --set: a list would swallow the command after it
         "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="run: a config override"
     )
     parser.add_argument(

@@ -19,7 +19,7 @@ from include import class_archive
 from include.spark_submit import STAGES, local_master, package_code, spark_submit_argv
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib import stages as stage_graph
-from spark_jobs.lib.config import ConfigError, PipelineConfig, apply_overrides, load_config, validate
+from spark_jobs.lib.config import ConfigError, PipelineConfig, add_set_argument, apply_overrides, load_config, validate
 from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 
 
@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML defaults (default: include/config/pipeline.yaml)")
     parser.add_argument("--corpus", help="corpus path, glob or URI (overrides the config's corpus)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(parser)
     parser.add_argument(
         "--run-id",
         help="run folder name (default: {run_name}-{UTC timestamp}); an existing run keeps its settings, "

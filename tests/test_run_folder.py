@@ -77,6 +77,9 @@ def test_the_local_runner_keeps_an_existing_runs_settings(tmp_path):
     run = new_run(small_config(tmp_path, corpus, ["train.max_steps=7"]), "r")
     args = local_runner.parse_args(["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "--set", "train.batch_size=4"])
     config = local_runner.resolve_config(args)
+    # One --set takes several overrides too.
+    several = local_runner.parse_args(["--set", f"lake={tmp_path / 'lake'}", "train.batch_size=4", "--run-id", "r"])
+    assert (several.overrides, several.run_id) == (args.overrides, "r")
     assert lake.run_dir(config, "r") == run
     assert (config.corpus, config.train.max_steps, config.train.batch_size) == ([corpus.as_uri()], 7, 4)
     assert config.data.block_size == small_config(tmp_path, corpus).data.block_size != load_config().data.block_size

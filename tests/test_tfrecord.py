@@ -112,3 +112,16 @@ def test_sinusoidal_table():
     np.testing.assert_allclose(table[5, 0], np.sin(5), rtol=1e-6)
     np.testing.assert_allclose(table[5, 3], np.cos(5 / 10000 ** (2 / 6)), rtol=1e-6)
     assert sinusoidal(4, 5).shape == (4, 5)  # an odd width works too
+
+
+def test_validation_batches_repeat_a_workers_few_windows_to_fill_a_batch(tmp_path):
+    """A small corpus may give a worker fewer validation windows than its batch: the batch holds
+    them repeated, each as often as the others when the batch is a multiple of their number."""
+    from spark_jobs.lib.train_data import eval_batches
+
+    windows = np.arange(3 * 5, dtype=np.int64).reshape(3, 5)  # 3 windows of T + 1 = 5 ids
+    path = tmp_path / "part-00000.tfrecord"
+    path.write_bytes(tfrecord.windows_to_tfrecord_bytes(windows))
+    inputs, targets = next(iter(eval_batches([str(path)], block_size=4, batch_size=6, in_memory=True)))
+    assert inputs.numpy().tolist() == [window[:-1] for window in windows.tolist()] * 2
+    assert targets.numpy().tolist() == [window[1:] for window in windows.tolist()] * 2

@@ -13,9 +13,9 @@ from spark_jobs.train import train
 from tests.conftest import new_run, small_config
 
 
-def manifest(shards: int = 4, windows: int = 100, block_size: int = 32) -> dict:
+def manifest(shards: int = 4, windows: int = 100, block_size: int = 32, val_windows: int | None = None) -> dict:
     split = lambda name: {  # noqa: E731
-        "windows": windows, "tokens": 1000, "chars": 3000,
+        "windows": val_windows if name == "val" and val_windows is not None else windows, "tokens": 1000, "chars": 3000,
         "shards": [f"{name}/part-{index:05d}.tfrecord" for index in range(shards)],
     }  # fmt: skip
     return {"block_size": block_size, "vocab_size": 512, "num_shards": shards,
@@ -37,6 +37,9 @@ def run_with(tmp_path, shakespeare_slice):
 def test_a_matching_manifest_is_accepted(run_with):
     config, run = run_with(manifest())
     assert train_data.read_manifest(run, config)["vocab_size"] == 512
+    # Fewer validation windows than a batch are enough, one in every shard.
+    config, run = run_with(manifest(val_windows=4))
+    assert train_data.read_manifest(run, config)["splits"]["val"]["windows"] == 4
 
 
 @pytest.mark.parametrize(
@@ -45,6 +48,7 @@ def test_a_matching_manifest_is_accepted(run_with):
         (manifest(block_size=64), "block_size 64 differs from data.block_size 32"),
         (manifest(shards=3), "3 train shards cannot be split evenly across 2 workers"),
         (manifest(windows=5), "the train split has 5 windows, fewer than train.batch_size 32"),
+        (manifest(val_windows=3), "the val split has 3 windows, fewer than its 4 shards, so some of the 2 workers"),
         ({"block_size": 32}, "lacks vocab_size, num_shards, splits"),
     ],
 )

@@ -7,6 +7,7 @@ raises ConfigError naming the field.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import posixpath
@@ -286,6 +287,14 @@ def _takes_text(path: list[str]) -> bool:
     if get_origin(field.annotation) in (Union, types.UnionType):
         return str in get_args(field.annotation)
     return field.annotation is str
+
+
+def add_set_argument(parser: argparse.ArgumentParser) -> None:
+    """A command line's --set: one or more section.key=value overrides, and --set may be repeated."""
+    parser.add_argument(
+        "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
+        help="config overrides: --set train.max_steps=500 data.block_size=64",
+    )
 
 
 def apply_overrides(data: dict, overrides: list[str | dict] | dict | None) -> dict:
