@@ -34,15 +34,15 @@ from airflow.sdk import (
     Asset,
     AssetAny,
     AssetOrTimeSchedule,
-    CronTriggerTimetable,
     chain,
     get_current_context,
     task,
 )
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, AirflowTimetableInvalid
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from include import emr, emr_tasks, local_runner, trigger_form
 from include.collect import AWS_CONN_ID, collect_record, latest_folder, promote_record
+from include.schedule import cron_timetable
 from include.spark_submit import STAGES, package_code
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib.config import ConfigError, PipelineConfig, defaults_path, load_config, read_yaml
@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 DAG_ID = "gpt_pipeline"
 CONFIG_PATH = defaults_path()  # include/config/pipeline.yaml unless GPT_PIPELINE_CONFIG names another
 CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form's values
+DAG_SETTINGS = ("target", "schedule")  # they shape the DAG itself, so a run's form cannot change them
 # Updated when a run's model becomes latest; the event's extra names the run, its model and the pointer.
 MODEL_ASSET = Asset(name="gpt_pipeline_model", uri=latest_folder(CONFIG))
 
@@ -69,20 +70,19 @@ def retraining_schedule(config: PipelineConfig):
     corpus_assets = AssetAny(*(corpus_asset(uri) for uri in config.corpus))
     if config.schedule is None:
         return corpus_assets
-    timetable = CronTriggerTimetable(config.schedule, timezone="UTC")
-    try:
-        timetable.validate()
-    except AirflowTimetableInvalid as error:
-        raise ConfigError(f"invalid configuration: schedule: {error} (got {config.schedule!r})") from None
-    return AssetOrTimeSchedule(timetable=timetable, assets=corpus_assets)
+    return AssetOrTimeSchedule(timetable=cron_timetable(config.schedule), assets=corpus_assets)
 
 
 def form_config() -> tuple[PipelineConfig, str]:
     """This run's config (pipeline.yaml + the trigger form, validated) and its run folder name."""
     context = get_current_context()
     config = load_config(CONFIG_PATH, trigger_form.overrides(dict(context["params"])))
-    if config.target != CONFIG.target:
-        raise ConfigError(f"target: this DAG runs target {CONFIG.target!r} (set in pipeline.yaml), got {config.target!r}")
+    for name in DAG_SETTINGS:
+        if getattr(config, name) != getattr(CONFIG, name):
+            raise ConfigError(
+                f"{name}: this DAG's {name} is {getattr(CONFIG, name)!r}, read from {CONFIG_PATH.name} when Airflow "
+                f"parses the DAG; a run cannot change it (got {getattr(config, name)!r}): edit {CONFIG_PATH.name}"
+            )
     return config, f"{config.run_name}-{context['run_id']}"
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from include.collect import REPORT_JSON, REPORT_TEXT, latest_key
 from include import process_tree
 from include.local_s3 import LocalS3
+from include.schedule import cron_timetable
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib.config import (
     REPO_ROOT, ConfigError, PipelineConfig, apply_overrides, defaults_path, load_config, read_yaml,
@@ -276,16 +277,24 @@ def split_overrides(words: str) -> list[str]:
         ) from None
 
 
-def check_target_local(overrides: list[str]) -> None:
-    """Before validation, whose complaints about an emr config (an s3:// lake) would miss the point."""
+def check_dag_settings(overrides: list[str]) -> None:
+    """Refuse what a run cannot change, before validation (whose complaints about an emr config,
+    such as its s3:// lake, would miss the point)."""
     defaults = read_yaml(defaults_path())
-    target = apply_overrides(copy.deepcopy(defaults), overrides).get("target")
+    settings = apply_overrides(copy.deepcopy(defaults), overrides)
+    target = settings.get("target")
     if target == "emr":  # any other value than local is the config model's to name
         origin = defaults_path() if target == defaults.get("target") else "SET"
         raise PipelineError(
             f"target: {target!r} (from {origin}): `make run` and `make airflow` run the DAG with "
             "target 'local', their S3 a moto server on this machine; run target 'emr' from an Airflow with "
             "an AWS connection (README: Running on AWS EMR)"
+        )
+    if settings.get("schedule") != defaults.get("schedule"):
+        raise PipelineError(
+            f"schedule: {settings.get('schedule')!r} (from SET): the DAG's schedule is read from "
+            f"{defaults_path().name} when Airflow parses the DAG, so a run cannot change it; set it there, and "
+            "`make airflow`'s scheduler follows it"
         )
 
 
@@ -296,9 +305,11 @@ def main(argv: list[str] | None = None) -> int:
         conf: dict = {"overrides": overrides}
         if args.corpus:
             conf["corpus"] = args.corpus
-        check_target_local(overrides)
+        check_dag_settings(overrides)
         # Checked here too so that a bad value stops before Airflow starts; the DAG checks it again.
         config = load_config(overrides=overrides + ([{"corpus": args.corpus}] if args.corpus else []))
+        if config.schedule is not None:
+            cron_timetable(config.schedule)  # the DAG would not parse
         on_s3 = [uri for uri in config.corpus if uri.startswith("s3://")]
         if on_s3:
             raise PipelineError(

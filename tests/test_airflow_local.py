@@ -62,13 +62,26 @@ def test_target_emr_is_refused_before_airflow_starts(tmp_path, monkeypatch, caps
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
-def test_target_emr_from_set_is_named_as_such_before_the_config_model_speaks(tmp_path, monkeypatch, capsys):
+def test_settings_of_the_dag_itself_from_set_are_refused_before_airflow_starts(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
     # The lake is still file://, which the config model would refuse for emr first.
     assert airflow_local.main(["run", "--overrides", "target=emr"]) == 2
     assert "ERROR target: 'emr' (from SET): `make run` and `make airflow` run the DAG" in capsys.readouterr().err
     assert airflow_local.main(["run", "--overrides", "target=emrr"]) == 2
     assert "target: Input should be 'local' or 'emr' (got 'emrr')" in capsys.readouterr().err
+    assert airflow_local.main(["run", "--overrides", "schedule=@daily"]) == 2
+    assert "ERROR schedule: '@daily' (from SET): the DAG's schedule is read from pipeline.yaml" in capsys.readouterr().err
+    assert not (tmp_path / "home").exists(), "Airflow's home was touched"
+
+
+@pytest.mark.parametrize("command", ["run", "ui"])
+def test_a_schedule_the_dag_could_not_parse_is_named_before_airflow_starts(tmp_path, monkeypatch, capsys, command):
+    bad = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"schedule": "every monday"})
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(bad))
+    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(tmp_path / "pipeline.yaml"))
+    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    assert airflow_local.main([command]) == 2
+    assert "ERROR invalid configuration: schedule: " in capsys.readouterr().err
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 

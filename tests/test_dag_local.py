@@ -77,12 +77,16 @@ def last_run_states(home) -> tuple[str, str, dict[str, str]]:
     "form, message",
     [({"stride": 0}, "invalid configuration: data.stride: Input should be greater than or equal to 1 (got 0)"),
      ({"block_size": 4096, "stride": 2048, "batch_size": 512},
-      "ConfigError: training needs about 586,770 MB per worker (runtime 1,000,")],
-    ids=["bad value", "model too big for this machine"],
+      "ConfigError: training needs about 586,770 MB per worker (runtime 1,000,"),
+     ({"overrides": ["schedule=@daily"]},
+      "ConfigError: schedule: this DAG's schedule is None, read from pipeline.yaml when Airflow parses the DAG; "
+      "a run cannot change it (got '@daily')")],
+    ids=["bad value", "model too big for this machine", "schedule"],
 )  # fmt: skip
 def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, tmp_path, form, message):
     env, _, home = local_airflow
-    code, output = dags_test(env, {**form, "overrides": [f"lake={tmp_path / 'lake'}"]})
+    form = {**form, "overrides": [f"lake={tmp_path / 'lake'}", *form.get("overrides", [])]}
+    code, output = dags_test(env, form)
     assert code != 0
     assert message in output
     _, state, tasks = last_run_states(home)

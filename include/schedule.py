@@ -1,0 +1,22 @@
+"""The retraining schedule of pipeline.yaml's `schedule:` as an Airflow timetable.
+
+Checked by the DAG when Airflow parses it, and by `make run` and `make airflow` before Airflow
+starts: a DAG that fails to parse only leaves its reason in the DAG processor's log.
+"""
+
+from __future__ import annotations
+
+from spark_jobs.lib.config import ConfigError
+
+
+def cron_timetable(schedule: str):
+    """A cron expression or a preset such as @weekly, in UTC; ConfigError names a bad one."""
+    from airflow.sdk import CronTriggerTimetable
+    from airflow.sdk.exceptions import AirflowTimetableInvalid
+
+    timetable = CronTriggerTimetable(schedule, timezone="UTC")
+    try:
+        timetable.validate()
+    except AirflowTimetableInvalid as error:
+        raise ConfigError(f"invalid configuration: schedule: {error} (got {schedule!r})") from None
+    return timetable
