@@ -193,6 +193,20 @@ def max_cluster_hours(config: PipelineConfig) -> float:
     return round(seconds / 3600 + config.emr.idle_timeout_minutes / 60, 2)
 
 
+def check_budget(config: PipelineConfig) -> None:
+    """Stop a run whose cluster could cost more than emr.max_cost_usd, before it exists. The most
+    is the on-demand price for the longest the cluster can live, which its step time limits bound."""
+    budget = config.emr.max_cost_usd
+    hourly, hours = hourly_cost_usd(config), max_cluster_hours(config)
+    if budget is not None and hourly * hours > budget:
+        raise ConfigError(
+            f"emr.max_cost_usd: the cluster may cost up to about ${hourly * hours:,.2f} ({hours:.1f} hours at "
+            f"${hourly:.2f} per hour on demand: every step at its time limit in both tries, plus the idle timeout), "
+            f"more than the ${budget:,.2f} allowed; lower train.max_steps, emr.step_timeout_minutes or "
+            "emr.core_instance_count, or raise emr.max_cost_usd"
+        )
+
+
 def split_s3_uri(uri: str) -> tuple[str, str]:
     if not uri.startswith("s3://"):
         raise ConfigError(f"{uri} is not an s3:// URI")

@@ -281,6 +281,14 @@ def test_longest_cluster_life_grows_with_the_training_budget():
     assert emr.max_cluster_hours(short) > tries * len(STAGES) * short.emr.step_timeout_minutes / 60
 
 
+def test_a_run_that_could_cost_more_than_the_budget_stops_before_its_cluster_exists():
+    most = emr.hourly_cost_usd(emr_config()) * emr.max_cluster_hours(emr_config())
+    emr.check_budget(emr_config(f"emr.max_cost_usd={most + 0.01}"))  # within the budget
+    emr.check_budget(emr_config())  # no budget set
+    with pytest.raises(ConfigError, match=rf"emr.max_cost_usd: the cluster may cost up to about \${most:,.2f} .*more than the \$10.00"):
+        emr_tasks.prepare(emr_config("emr.max_cost_usd=10"), RUN_ID, emr_config())  # before it uploads anything
+
+
 def test_pip_resolves_the_jobs_requirements_within_the_pinned_environment():
     """The bootstrap's pip command, offline against this environment: it must resolve (no pin
     conflicts with the constraints) and need nothing this tested environment lacks."""
