@@ -242,13 +242,14 @@ class PipelineConfig(_Section):
 def _describe(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "config"
+        field = ".".join(str(part) for part in item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key"
         elif "input" in item and not isinstance(item["input"], dict):
             message += f" (got {item['input']!r})"
-        lines.append(f"{field}: {message}")
+        # A check across fields (loc empty) names its fields itself.
+        lines.append(f"{field}: {message}" if field else message)
     return "invalid configuration: " + "; ".join(lines)
 
 
