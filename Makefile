@@ -12,7 +12,15 @@ ARGS ?=
 # them reach the run command as typed; the run command splits SET into words as a shell would.
 export CORPUS SET
 
-.PHONY: run airflow test venv browser lock clean
+.PHONY: help run airflow test venv browser lock clean
+.DEFAULT_GOAL := help
+
+help:
+	@echo "make run      the whole pipeline (the Airflow DAG) on this machine; CORPUS='...' SET='section.key=value ...'"
+	@echo "make test     the test suite"
+	@echo "make airflow  Airflow with its UI on http://127.0.0.1:8080, to trigger and watch runs"
+	@echo "make clean    remove Airflow's home, build and test leftovers (lake/, the runs, stays)"
+	@echo "make lock     re-pin requirements.txt from requirements.in"
 
 $(BIN)/.installed: requirements.txt
 	@command -v java >/dev/null || { echo "Java (17) is required for Spark: apt-get install -y openjdk-17-jre-headless"; exit 1; }
@@ -51,5 +59,6 @@ lock:
 	 .lock-venv/bin/pip freeze) > requirements.txt
 	rm -rf .lock-venv
 
+# lake/ holds the runs (models, reports): left for people to delete themselves.
 clean:
-	rm -rf lake build .pytest_cache airflow_home
+	rm -rf build .pytest_cache airflow_home test-artifacts spark-warehouse metastore_db derby.log
