@@ -78,12 +78,13 @@ def next_token(logits: np.ndarray, settings: GenerateConfig, rng: np.random.Gene
 
 def generate(model, tokenizer, settings: GenerateConfig) -> str:
     """The prompt and its continuation of up to settings.max_new_tokens tokens, ending early where
-    the model ends the document (<|endoftext|>); the same seed gives the same text."""
-    ids = tokenizer.encode(settings.prompt).ids
+    the model ends the document (<|endoftext|>); the same seed gives the same text. An empty prompt
+    starts a new document: the model continues <|endoftext|>, which the text leaves out."""
+    end_of_text = bpe.separator_id(tokenizer)
+    ids = tokenizer.encode(settings.prompt).ids if settings.prompt else [end_of_text]
     if not ids:
         raise PipelineError(f"the prompt {settings.prompt!r} encodes to no tokens")
     block_size = model.get_layer("embedding").block_size
-    end_of_text = bpe.separator_id(tokenizer)
     rng = np.random.default_rng(settings.seed)
     for _ in range(settings.max_new_tokens):
         context = ids[-block_size:]

@@ -81,6 +81,31 @@ def test_generation_stops_where_the_model_ends_the_document(model_dir, monkeypat
     assert text == tokenizer.decode(tokenizer.encode("Not").ids + [to, be])  # nothing after the separator
 
 
+class ModelSpy:
+    """The model, noting the context of every call."""
+
+    def __init__(self, model):
+        self.model, self.contexts = model, []
+
+    def get_layer(self, name):
+        return self.model.get_layer(name)
+
+    def __call__(self, ids, training):
+        self.contexts.append(ids[0].tolist())
+        return self.model(ids, training=training)
+
+
+def test_an_empty_prompt_starts_a_new_document(model_dir, monkeypatch):
+    model, tokenizer = load_model(model_dir.as_uri())
+    to, be = tokenizer.encode(" to").ids[0], tokenizer.encode(" be").ids[0]
+    drawn = iter([to, be, bpe.separator_id(tokenizer)])
+    monkeypatch.setattr(generate_module, "next_token", lambda *_: next(drawn))
+    spy = ModelSpy(model)
+    text = generate(spy, tokenizer, settings(prompt="", max_new_tokens=10))
+    assert spy.contexts[0] == [bpe.separator_id(tokenizer)]  # the model continues <|endoftext|>
+    assert text == tokenizer.decode([to, be]) and text.startswith(" to")  # without the <|endoftext|>
+
+
 def test_several_samples_take_consecutive_seeds(model_dir):
     model, tokenizer = load_model(model_dir.as_uri())
     options = settings(prompt="ROMEO:", max_new_tokens=8, strategy="top_k", seed=11, num_samples=3)

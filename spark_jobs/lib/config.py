@@ -135,7 +135,7 @@ class TrainConfig(_Section):
 
 
 class GenerateConfig(_Section):
-    prompt: str = Field(min_length=1)
+    prompt: str  # empty: a new document, from <|endoftext|>
     max_new_tokens: int = Field(ge=1)
     strategy: Literal["greedy", "top_k", "top_p"]
     temperature: float = Field(gt=0)
