@@ -33,10 +33,12 @@ FIELDS: dict[str, tuple[str, str]] = {
     "max_steps": ("train.max_steps", "Training budget in optimizer steps"),
     "eval_interval": ("train.eval_interval", "Steps between validation passes"),
     "learning_rate": ("train.learning_rate", "Peak learning rate"),
-    "prompt": ("generate.prompt", "Prompt for the generated sample"),
+    "prompt": ("generate.prompt", "Prompt for the generated sample; empty: a new document"),
     "max_new_tokens": ("generate.max_new_tokens", "Tokens to generate after the prompt"),
 }
 OVERRIDES = "overrides"
+# Text fields that may be empty: the form sends an emptied field as null.
+EMPTY_AS_NULL = {"prompt"}
 
 _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
 
@@ -57,6 +59,8 @@ def params(defaults: dict) -> dict[str, Param]:
             kind = ["string", "array"]
         elif kind == "number":
             kind = ["number", "integer"]
+        elif name in EMPTY_AS_NULL:
+            kind = ["string", "null"]
         form[name] = Param(default, type=kind, title=field, description=description)
     form[OVERRIDES] = Param(
         [],
@@ -76,7 +80,8 @@ def overrides(values: dict) -> list[str | dict]:
     result: list[str | dict] = []
     for name, (field, _) in FIELDS.items():
         if name in values:
-            result.append(_nested(field, values[name]))
+            value = values[name]
+            result.append(_nested(field, "" if value is None and name in EMPTY_AS_NULL else value))
     result.extend(values.get(OVERRIDES) or [])
     return result
 

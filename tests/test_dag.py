@@ -100,6 +100,8 @@ def test_form_values_become_config_fields():
     assert (config.train.max_steps, config.data.stride, config.train.num_workers) == (40, 8, 1)
     assert config.data.shards == 3
     assert config.corpus == ["file:///data/*.txt"]  # the glob is taken as it is, not parsed as YAML
+    # The form sends an emptied field as null: an empty prompt (a new document).
+    assert load_config(overrides=trigger_form.overrides({"prompt": None})).generate.prompt == ""
 
 
 @pytest.mark.parametrize(
