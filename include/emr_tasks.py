@@ -26,6 +26,7 @@ from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import PipelineConfig
 
 log = logging.getLogger(__name__)
+ENDED_STATES = ("TERMINATING", "TERMINATED", "TERMINATED_WITH_ERRORS")
 
 
 def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, stages=STAGES) -> dict:
@@ -72,6 +73,7 @@ class EmrStageSensor(EmrStepSensor):
         try:
             done = super().poke(context)
         except AirflowException:
+            self.check_cluster_running()
             self.report_stage_error()
             raise
         if not done:
@@ -104,6 +106,19 @@ class EmrStageSensor(EmrStepSensor):
                 self.log.info("%s: %s", self.stage, describe_progress(run.read_json(path)))
         except Exception as error:  # reading progress must never fail the wait
             self.log.warning("%s: progress not readable: %s", self.stage, error)
+
+    def check_cluster_running(self) -> None:
+        """A cluster that ended (a failed bootstrap, lost nodes, terminated by hand or after its idle
+        timeout) cancels its steps: say why, and fail without the retry, which has no cluster to run on."""
+        cluster = self.hook.conn.describe_cluster(ClusterId=self.job_flow_id)["Cluster"]
+        state = cluster["Status"]["State"]
+        if state not in ENDED_STATES:
+            return
+        reason = cluster["Status"].get("StateChangeReason", {}).get("Message") or "no reason given"
+        logs = f"{cluster.get('LogUri', '')}{self.job_flow_id}/node/"
+        raise AirflowFailException(
+            f"{self.stage}: cluster {self.job_flow_id} ended ({state}): {reason} (bootstrap logs: {logs}*/bootstrap-actions/)"
+        )
 
     def report_stage_error(self) -> None:
         path, run = lake.error_path(self.stage), self.run_folder()

@@ -111,10 +111,11 @@ class Cluster(threading.Thread):
     stage does (bad input when `bad_input`); a completed step writes its stage's marker. The steps
     of the stages in `hanging` run forever."""
 
-    def __init__(self, s3, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), slow_train=False):
+    def __init__(self, s3, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), slow_train=False,
+                 ends_with: str | None = None):  # fmt: skip
         super().__init__(daemon=True)
         self.s3, self.failures, self.bad_input, self.hanging = s3, dict(failures or {}), bad_input, hanging
-        self.slow_train, self.train_started = slow_train, None
+        self.slow_train, self.train_started, self.ends_with = slow_train, None, ends_with
         self.finished: list[str] = []
         self.stop = threading.Event()
 
@@ -122,10 +123,18 @@ class Cluster(threading.Thread):
         backend = emr_backends[DEFAULT_ACCOUNT_ID][REGION]
         while not self.stop.is_set():
             for cluster in list(backend.clusters.values()):
+                if self.ends_with and cluster.steps and cluster.state != "TERMINATED_WITH_ERRORS":
+                    self.end(cluster)
                 for step in cluster.steps:
                     if step.state in ("PENDING", "RUNNING"):
                         self.finish(step)
             time.sleep(0.05)
+
+    def end(self, cluster) -> None:
+        """What EMR does to a cluster whose bootstrap fails: it ends, and its steps are cancelled."""
+        cluster.state, cluster.last_state_change_reason = "TERMINATED_WITH_ERRORS", self.ends_with
+        for step in cluster.steps:
+            step.state = "CANCELLED"
 
     def finish(self, step) -> None:
         stage_name = step.name.split(" (try ")[0]
@@ -173,13 +182,13 @@ class Cluster(threading.Thread):
 
 
 def run_dag(aws, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), time_limit_s=None,
-            slow_train=False):
+            slow_train=False, ends_with=None):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     for stage_name in STAGES:
         dag.get_task(stage_name).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
         if time_limit_s:
             dag.get_task(stage_name).timeout = time_limit_s
-    with Cluster(aws["s3"], failures, bad_input, hanging, slow_train) as cluster:
+    with Cluster(aws["s3"], failures, bad_input, hanging, slow_train, ends_with) as cluster:
         dag_run = dag.test()
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     return dag_run, states, cluster.finished
@@ -327,6 +336,20 @@ def test_a_stage_stopped_by_bad_input_fails_at_once_with_its_error(airflow_db, a
     assert "AirflowFailException: tokenize: the corpus is not UTF-8" in "".join(capfd.readouterr())
     assert step_states(aws) == [("tokenize", "FAILED")]
     assert only_cluster(aws)["Status"]["State"] == "TERMINATED"
+
+
+def test_a_cluster_that_ended_fails_the_stage_at_once_with_the_clusters_reason(airflow_db, aws, capfd):
+    reason = "On the master instance (i-0abc), bootstrap action 1 returned a non-zero return code"
+    dag_run, states, finished = run_dag(aws, ends_with=reason)
+
+    assert dag_run.state == "failed" and states["tokenize"] == "failed", states
+    assert dag_run.get_task_instance("tokenize").try_number == 1  # no retry: there is no cluster to run it on
+    logged = "".join(capfd.readouterr())
+    cluster_id = only_cluster(aws)["Id"]
+    assert f"AirflowFailException: tokenize: cluster {cluster_id} ended (TERMINATED_WITH_ERRORS): {reason}" in logged
+    assert f"bootstrap logs: s3://gpt-pipeline/emr-logs/{cluster_id}/node/" in logged
+    assert step_states(aws) == [("tokenize", "CANCELLED")]
+    assert states["terminate_cluster"] == "success"
 
 
 def test_a_step_out_of_time_fails_its_task_without_a_retry(airflow_db, aws):
