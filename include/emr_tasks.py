@@ -110,7 +110,11 @@ class EmrStageSensor(EmrStepSensor):
     def check_cluster_running(self) -> None:
         """A cluster that ended (a failed bootstrap, lost nodes, terminated by hand or after its idle
         timeout) cancels its steps: say why, and fail without the retry, which has no cluster to run on."""
-        cluster = self.hook.conn.describe_cluster(ClusterId=self.job_flow_id)["Cluster"]
+        try:
+            cluster = self.hook.conn.describe_cluster(ClusterId=self.job_flow_id)["Cluster"]
+        except Exception as error:  # the step's failure is still reported and raised
+            self.log.warning("cluster %s not described: %s", self.job_flow_id, error)
+            return
         state = cluster["Status"]["State"]
         if state not in ENDED_STATES:
             return
