@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -140,8 +141,16 @@ def resolve_config(args: argparse.Namespace) -> PipelineConfig:
     return config
 
 
+def interrupt(_signum, _frame) -> None:
+    """SIGTERM (`kill`, a CI job's time-out) stops the runner as Ctrl-C does: on the way out
+    subprocess.run kills the running stage's spark-submit, and its Python and TensorFlow workers
+    follow it, instead of training on as orphans."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         config = resolve_config(args)
         stages = chosen_stages(args.stages)
@@ -158,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     except (PipelineError, StageFailed) as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("stopped: the running stage did not complete", file=sys.stderr)
+        return 130
     print(f"run folder: {run_dir}")
     for stage in stages:
         print("\n".join(describe(stage, lake.read_json(lake.stats_uri(run_dir, stage)))))

@@ -3,6 +3,7 @@ then spark-submit with a barrier stage of two TensorFlow workers over loopback."
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import re
@@ -143,6 +144,37 @@ def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup
     assert resumed[0] == 0 and resumed[-1] == stats["resumed_from_step"]
     assert lake.exists(lake.join(run, "model", "model.keras"))
     assert not training_processes(run)
+
+
+def run_processes(run: str) -> list[psutil.Process]:
+    """Every process working on the run: spark-submit's JVM, the barrier tasks, the TensorFlow workers."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if run in " ".join(process.info["cmdline"] or []):
+                found.append(process)
+    return found
+
+
+def test_the_local_runner_stopped_by_sigterm_leaves_no_training_behind(prepared):
+    config, run, _ = fresh_run(prepared, "sigterm", ["train.max_steps=100000"])
+    lake_dir = Path(lake.local_path(run)).parent.parent
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "include.local_runner", "--run-id", "sigterm", "--set", f"lake={lake_dir}", "--stages", "train"],
+        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while len(training_processes(run)) < 2:
+        assert runner.poll() is None and time.monotonic() < deadline, "training did not start"
+        time.sleep(0.2)
+    runner.send_signal(signal.SIGTERM)  # `kill`, as a CI job's time-out sends it
+    _, stderr = runner.communicate(timeout=60)
+    assert runner.returncode == 130 and "stopped: the running stage did not complete" in stderr, stderr[-2000:]
+    deadline = time.monotonic() + 30
+    while run_processes(run):  # the JVM goes at once; its workers follow it
+        assert time.monotonic() < deadline, [process.info["cmdline"][:3] for process in run_processes(run)]
+        time.sleep(0.2)
+    assert not lake.exists(lake.stats_uri(run, "train"))
 
 
 def test_a_diverging_loss_fails_the_stage_at_once_with_a_clear_message(prepared):
