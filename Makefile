@@ -23,6 +23,8 @@ help:
 	@echo "make lock     re-pin requirements.txt from requirements.in"
 
 $(BIN)/.installed: requirements.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
+	  echo "Python 3.11 is required, and $(PYTHON) is not it: apt-get install -y python3.11 python3.11-venv (or make PYTHON=/path/to/python3.11)"; exit 1; }
 	@command -v java >/dev/null || { echo "Java (17) is required for Spark: apt-get install -y openjdk-17-jre-headless"; exit 1; }
 	# --clear: a changed requirements.txt gets a new environment holding exactly its pins, so a
 	# package dropped or renamed (tensorflow -> tensorflow-cpu) does not linger beside its successor.
