@@ -338,3 +338,13 @@ def test_text_chunks_join_back(size):
     pieces = list(bpe.chunks(text, size))
     assert "".join(pieces) == text
     assert all(piece for piece in pieces)
+
+
+def test_a_literal_end_of_text_in_the_corpus_is_the_separator_token(shakespeare_slice):
+    """Text that marks its documents itself (TinyStories' files do) gets the separator there."""
+    tokenizer = bpe.train([shakespeare_slice.read_text()], vocab_size=300, min_frequency=2)
+    text = "Once upon a time.\n<|endoftext|>\nAnother story."
+    ids = bpe.encode(tokenizer, text).tolist()
+    assert ids.count(bpe.separator_id(tokenizer)) == 1
+    assert tokenizer.decode(ids, skip_special_tokens=False) == text
+    assert tokenizer.decode(ids) == text.replace("<|endoftext|>", "")
