@@ -82,12 +82,16 @@ def test_optional_network_and_disk_settings_are_left_out_until_set():
     request = emr.job_flow_overrides(emr_config(), RUN_ID)
     valid_run_job_flow(request)
     assert not {"Ec2SubnetId", "Ec2KeyName"} & set(request["Instances"])
+    assert "SecurityConfiguration" not in request
     assert "EbsConfiguration" not in request["Instances"]["InstanceGroups"][1]
     assert "None" not in repr(request)
 
     request = emr.job_flow_overrides(
-        emr_config("emr.subnet_id=subnet-0123456789abcdef0", "emr.key_name=ml-team", "emr.core_ebs_gb=200"), RUN_ID
+        emr_config("emr.subnet_id=subnet-0123456789abcdef0", "emr.key_name=ml-team", "emr.core_ebs_gb=200",
+                   "emr.security_configuration=encrypted-at-rest"),
+        RUN_ID,
     )
+    assert request["SecurityConfiguration"] == "encrypted-at-rest"
     valid_run_job_flow(request)
     assert (request["Instances"]["Ec2SubnetId"], request["Instances"]["Ec2KeyName"]) == (
         "subnet-0123456789abcdef0", "ml-team"

@@ -155,6 +155,7 @@ class EmrConfig(_Section):
     core_ebs_gb: int | None = Field(default=None, ge=1, le=16384)
     subnet_id: str | None = Field(default=None, pattern=r"^subnet-[0-9a-f]{8,17}$")
     key_name: str | None = Field(default=None, min_length=1)
+    security_configuration: str | None = Field(default=None, min_length=1)
     log_uri: str = Field(pattern=r"^s3://")
     code_prefix: str = Field(pattern=r"^s3://")
     job_flow_role: str
