@@ -45,6 +45,7 @@ from include.collect import AWS_CONN_ID, collect_record, latest_folder, promote_
 from include.schedule import cron_timetable
 from include.spark_submit import STAGES, package_code
 from spark_jobs.lib import corpus, lake, memory, storage
+from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import ConfigError, PipelineConfig, defaults_path, load_config, read_yaml
 from spark_jobs.lib.errors import name_some
 from spark_jobs.lib.stage import load_run_config
@@ -83,6 +84,8 @@ def form_config() -> tuple[PipelineConfig, str]:
                 f"{name}: this DAG's {name} is {getattr(CONFIG, name)!r}, read from {CONFIG_PATH.name} when Airflow "
                 f"parses the DAG; a run cannot change it (got {getattr(config, name)!r}): edit {CONFIG_PATH.name}"
             )
+    changed = stage_graph.changed_settings(CONFIG.model_dump(), config.model_dump())
+    log.info("settings from the form: %s", "; ".join(f"{path} = {new!r}" for path, (_, new) in changed.items()) or "none")
     return config, f"{config.run_name}-{context['run_id']}"
 
 

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -133,6 +134,8 @@ def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airfl
     conf = {"corpus": str(shakespeare_slice), "run_name": "e2e", "overrides": [f"lake={tmp_path / 'lake'}", *SMALL_RUN]}
     code, output = dags_test(env, conf)
     assert code == 0, output[-5000:]
+    # validate_config's log names what the form changed
+    assert re.search(r"settings from the form: .*run_name = 'e2e'; .*train\.max_steps = 40", output), output[-5000:]
     run_id, state, tasks = last_run_states(home)
     assert state == "success"
     assert tasks == {task_id: "success" for task_id in ["validate_config", *STAGES, "collect", "promote"]}
