@@ -41,12 +41,12 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from include import emr, emr_tasks, local_runner, trigger_form
-from include.collect import AWS_CONN_ID, collect_record, latest_folder, promote_record
+from include.collect import AWS_CONN_ID, RunFolder, collect_record, latest_folder, promote_record
 from include.schedule import cron_timetable
 from include.spark_submit import STAGES, package_code
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib import stages as stage_graph
-from spark_jobs.lib.config import ConfigError, PipelineConfig, defaults_path, load_config, read_yaml
+from spark_jobs.lib.config import ConfigError, PipelineConfig, defaults_path, from_json, load_config, read_yaml
 from spark_jobs.lib.errors import name_some
 from spark_jobs.lib.stage import load_run_config
 
@@ -137,11 +137,19 @@ def run_local_stage(stage: str, run_dir: str) -> dict:
 
 
 @task
-def collect(run_dir: str) -> dict:
-    """Copy config, stats, model and samples to S3 and write the run report."""
+def collect(run_dir: str, cluster_id: str | None = None) -> dict:
+    """Copy config, stats, model and samples to S3 and write the run report (on EMR with the
+    cluster's steps and cost so far)."""
+    from airflow.providers.amazon.aws.hooks.emr import EmrHook
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-    report = collect_record(run_dir, S3Hook(aws_conn_id=AWS_CONN_ID), STAGES)
+    s3 = S3Hook(aws_conn_id=AWS_CONN_ID)
+    extra = {}
+    if cluster_id:
+        config = from_json(RunFolder(run_dir, s3).read(lake.CONFIG_FILE).decode("utf-8"))
+        client = EmrHook(aws_conn_id=config.emr.aws_conn_id, region_name=config.emr.region).conn
+        extra["emr"] = emr.cluster_record(client, cluster_id, config)
+    report = collect_record(run_dir, s3, STAGES, extra)
     log.info(
         "record: %s  final val loss: %s  val nats/char: %s",
         report["s3_uri"], report["final_val_loss"], report["val_nats_per_char"],
@@ -192,6 +200,6 @@ with DAG(
         # runs whatever happened, and a failed step still fails the run).
         prepared = validate_config_for_emr()
         create, last_stage, terminate = emr_tasks.cluster_tasks(CONFIG, prepared)
-        report = collect(prepared["run_dir"])
+        report = collect(prepared["run_dir"], create.output)
         last_stage >> report >> terminate
         promote(report)

@@ -142,14 +142,25 @@ def report_text(report: dict) -> str:
         f"{figure(train.get('tokens_per_s'), ',.0f')} tokens/s, {figure(train.get('train_wall_s'), ',.0f')} s\n\n"
         f"## Validation\n\n| {' | '.join(CURVE_HEADINGS)} |\n|{'---|' * len(CURVE_HEADINGS)}\n{curve}\n\n"
         f"## Stages\n\n| stage | seconds |\n|---|---|\n{stages}\n\n"
+        + (emr_text(report["emr"]) if "emr" in report else "")
         + (f"## Warnings\n\n{warnings}\n\n" if warnings else "")
         + f"## Sample\n\n```\n{report['sample']}\n```\n"
     )
 
 
-def collect_record(run_dir: str, hook, stages: tuple[str, ...]) -> dict:
+def emr_text(cluster: dict) -> str:
+    steps = "\n".join(f"| {step['name']} | {step['state']} | {figure(step['seconds'])} |" for step in cluster["steps"])
+    return (
+        f"## EMR\n\nCluster {cluster['cluster_id']} ({cluster['release']}), created {cluster['created']}: "
+        f"{figure(cluster['hours_so_far'])} hours and about ${figure(cluster['cost_usd_so_far'], ',.2f')} on demand "
+        f"when collect ran.\n\n| step | state | seconds |\n|---|---|---|\n{steps}\n\n"
+    )
+
+
+def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | None = None) -> dict:
     """Copy the run's record to S3, then the report (written last: its presence means complete);
-    the run folder gets the report too (a stage that runs again there removes it)."""
+    the run folder gets the report too (a stage that runs again there removes it). `extra` goes
+    into the report as it is (on EMR: the cluster and its steps, under "emr")."""
     run = RunFolder(run_dir, hook)
     config = from_json(run.read("config.json").decode("utf-8"))
     bucket = config.s3.bucket
@@ -158,7 +169,7 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...]) -> dict:
     prefix = posixpath.join(config.s3.prefix.strip("/"), run.name)
     for path in record_files(run):
         hook.load_bytes(run.read(path), key=f"{prefix}/{path}", bucket_name=bucket, replace=True)
-    report = build_report(run, f"s3://{bucket}/{prefix}/", stages)
+    report = build_report(run, f"s3://{bucket}/{prefix}/", stages) | (extra or {})
     files = {REPORT_TEXT: report_text(report), REPORT_JSON: json.dumps(report, indent=2)}
     for name, text in files.items():
         hook.load_string(text, key=f"{prefix}/{name}", bucket_name=bucket, replace=True)

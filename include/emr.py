@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime, timezone
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,31 @@ def check_budget(config: PipelineConfig) -> None:
             f"more than the ${budget:,.2f} allowed; lower train.max_steps, emr.step_timeout_minutes or "
             "emr.core_instance_count, or raise emr.max_cost_usd"
         )
+
+
+def cluster_record(emr_client, cluster_id: str, config: PipelineConfig) -> dict:
+    """The run's cluster as EMR reports it: its steps (every try, oldest first) with their states
+    and durations, and its hours and on-demand cost so far (collect runs just before terminate)."""
+    cluster = emr_client.describe_cluster(ClusterId=cluster_id)["Cluster"]
+    pages = emr_client.get_paginator("list_steps").paginate(ClusterId=cluster_id)
+    steps = [step for page in pages for step in page["Steps"]][::-1]
+    created = cluster["Status"]["Timeline"]["CreationDateTime"]
+    hours = (datetime.now(timezone.utc) - created).total_seconds() / 3600
+    return {
+        "cluster_id": cluster_id,
+        "release": cluster.get("ReleaseLabel"),
+        "created": created.isoformat(),
+        "hours_so_far": round(hours, 2),
+        "cost_usd_so_far": round(hours * hourly_cost_usd(config), 2),
+        "steps": [step_record(step) for step in steps],
+    }
+
+
+def step_record(step: dict) -> dict:
+    timeline = step["Status"].get("Timeline", {})
+    started, ended = timeline.get("StartDateTime"), timeline.get("EndDateTime")
+    seconds = round((ended - started).total_seconds(), 1) if started and ended else None
+    return {"name": step["Name"], "id": step["Id"], "state": step["Status"]["State"], "seconds": seconds}
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:

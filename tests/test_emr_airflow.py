@@ -137,6 +137,8 @@ class Cluster(threading.Thread):
             step.state = "CANCELLED"
 
     def finish(self, step) -> None:
+        if step.start_date_time is None:
+            step.start()  # as EMR starts it
         stage_name = step.name.split(" (try ")[0]
         if stage_name in self.hanging:
             step.state = "RUNNING"
@@ -270,6 +272,12 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     report = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{lake.safe_run_id(run_id)}/report.json"))
     assert report["val_nats_per_char"] == TRAIN_STATS["final_val_nats_per_char"]
     assert report["sample"] == "The man starts with a song"
+    # with the cluster's steps, as EMR reported them just before the cluster was terminated
+    assert report["emr"]["cluster_id"] == cluster["Id"] and report["emr"]["release"] == config.emr.release_label
+    assert [(step["name"], step["state"]) for step in report["emr"]["steps"]] == [(stage, "COMPLETED") for stage in STAGES]
+    assert report["emr"]["cost_usd_so_far"] >= 0 and all(step["seconds"] is not None for step in report["emr"]["steps"])
+    report_md = s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{lake.safe_run_id(run_id)}/report.md").decode()
+    assert f"## EMR\n\nCluster {cluster['Id']} ({config.emr.release_label})" in report_md and "| train | COMPLETED |" in report_md
     # promote pointed the run name's latest pointer at the collected model.
     pointer = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/latest/{config.run_name}.json"))
     assert pointer["model"] == report["s3_uri"] + "model/" and pointer["run"] == lake.safe_run_id(run_id)
