@@ -28,13 +28,14 @@ from spark_jobs.lib.train_state import MODEL_DIR, MODEL_FILE, TOKENIZER_FILE
 SAMPLES_FILE = "samples.txt"
 
 
-def load_model(model_uri: str):
-    """The Keras model and the tokenizer saved by the train stage."""
+def load_model(model_folder: str):
+    """The Keras model and the tokenizer saved by the train stage, from a model folder's path or URI."""
     import keras
     from tokenizers import Tokenizer
 
     import spark_jobs.lib.model  # noqa: F401  registers the decoder's layers for loading
 
+    model_uri = to_uri(str(model_folder))
     for name in (MODEL_FILE, TOKENIZER_FILE):
         if not lake.exists(lake.join(model_uri, name)):
             raise PipelineError(f"{model_uri} holds no {name}: is it a model folder written by the train stage?")
@@ -143,7 +144,7 @@ def cli(argv: list[str]) -> int:
     try:
         given = {key: value for key, value in args.items() if value is not None}
         settings = load_config(overrides={"generate": given}).generate
-        model_uri = pointed_model(to_uri(pointer)) if pointer else to_uri(model_dir)
+        model_uri = pointed_model(to_uri(pointer)) if pointer else model_dir
         print(samples(*load_model(model_uri), settings))
     except PipelineError as error:
         print(f"ERROR {error}", file=sys.stderr)

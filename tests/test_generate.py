@@ -63,7 +63,7 @@ def model_dir(tmp_path_factory, shakespeare):
 
 
 def test_generation_repeats_with_the_same_seed_and_varies_with_another(model_dir):
-    model, tokenizer = load_model(lake.join(model_dir.as_uri()))
+    model, tokenizer = load_model(str(model_dir))  # a path, as from Python; URIs work too (below)
     options = settings(prompt="The man starts with", max_new_tokens=20, strategy="top_k", seed=5)
     first, again = generate(model, tokenizer, options), generate(model, tokenizer, options)
     other = generate(model, tokenizer, options.model_copy(update={"seed": 6}))
