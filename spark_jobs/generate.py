@@ -57,6 +57,18 @@ def pointed_model(pointer_uri: str) -> str:
     return model
 
 
+def newest_model(config: PipelineConfig) -> str:
+    """The model folder of the local lake's newest run that has one (what `make run` left last)."""
+    if not config.lake.startswith("file://"):
+        raise PipelineError(f"lake {config.lake} is not on local disk: give --model-dir or --latest")
+    runs = Path(lake.local_path(config.lake), "runs")
+    models = sorted(runs.glob(f"*/{MODEL_DIR}/{MODEL_FILE}"), key=lambda path: path.stat().st_mtime)
+    if not models:
+        raise PipelineError(f"no run in {runs} has a model yet: run `make run`, or give --model-dir or --latest")
+    print(f"model: {models[-1].parent} (the newest run's)", file=sys.stderr)
+    return str(models[-1].parent)
+
+
 def next_token(logits: np.ndarray, settings: GenerateConfig, rng: np.random.Generator) -> int:
     """Pick the next token id from the last position's logits."""
     if settings.strategy == "greedy":
@@ -128,8 +140,10 @@ def cli(argv: list[str]) -> int:
         epilog="As the pipeline's stage (spark-submit, as the DAG runs it): --run-dir RUN_DIR continues "
         "generate.prompt with the run's model into the run's samples.txt.",
     )
-    model = parser.add_mutually_exclusive_group(required=True)
-    model.add_argument("--model-dir", help="a model folder (path or URI), e.g. a run's model/")
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument(
+        "--model-dir", help="a model folder (path or URI), e.g. a run's model/; default: the newest run's in the lake"
+    )
     model.add_argument("--latest", metavar="POINTER", help="a latest pointer (URI), for the model it points at")
     parser.add_argument("--prompt")
     parser.add_argument("--max-new-tokens", type=int)
@@ -143,9 +157,9 @@ def cli(argv: list[str]) -> int:
     model_dir, pointer = args.pop("model_dir"), args.pop("latest")
     try:
         given = {key: value for key, value in args.items() if value is not None}
-        settings = load_config(overrides={"generate": given}).generate
-        model_uri = pointed_model(to_uri(pointer)) if pointer else model_dir
-        print(samples(*load_model(model_uri), settings))
+        config = load_config(overrides={"generate": given})
+        model_uri = pointed_model(to_uri(pointer)) if pointer else model_dir or newest_model(config)
+        print(samples(*load_model(model_uri), config.generate))
     except PipelineError as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2

@@ -2,11 +2,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
+import yaml
 from tokenizers import ByteLevelBPETokenizer
 
 from include.local_s3 import LocalS3
@@ -14,7 +17,7 @@ from spark_jobs import generate as generate_module
 from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, next_token, samples
 from spark_jobs.lib import bpe
 from spark_jobs.lib import lake, train_state
-from spark_jobs.lib.config import REPO_ROOT, GenerateConfig, load_config
+from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, REPO_ROOT, GenerateConfig, apply_overrides, load_config, read_yaml
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.model import build_decoder
 
@@ -152,12 +155,27 @@ def test_cli_rejects_bad_settings_by_name(model_dir):
     assert "generate.temperature" in completed.stderr
 
 
-def test_cli_help_and_a_bare_call_describe_the_command_line_not_the_stage():
+def test_cli_help_describes_the_command_line_not_the_stage():
     helped = cli("--help")
     assert helped.returncode == 0 and "--model-dir MODEL_DIR" in helped.stdout and "--prompt" in helped.stdout
     assert "--run-dir RUN_DIR continues generate.prompt" in " ".join(helped.stdout.split())  # the stage, as an aside
-    bare = cli()
-    assert bare.returncode == 2 and "one of the arguments --model-dir --latest is required" in bare.stderr
+
+
+def test_cli_without_a_model_takes_the_newest_runs_in_the_lake(model_dir, tmp_path):
+    config_file = tmp_path / "pipeline.yaml"
+    config_file.write_text(yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"lake": str(tmp_path / "lake")})))
+    env = {"GPT_PIPELINE_CONFIG": str(config_file)}
+    empty = cli(env=env)  # a bare call is the command line's, not the stage's
+    assert empty.returncode == 2 and f"no run in {tmp_path / 'lake' / 'runs'} has a model yet: run `make run`" in empty.stderr
+
+    for run, age_s in (("older", 3600), ("newer", 0)):
+        shutil.copytree(model_dir, tmp_path / "lake" / "runs" / run / "model")
+        stamp = time.time() - age_s
+        os.utime(tmp_path / "lake" / "runs" / run / "model" / train_state.MODEL_FILE, (stamp, stamp))
+    completed = cli("--prompt", "ROMEO:", "--max-new-tokens", "5", env=env)
+    assert completed.returncode == 0, completed.stderr
+    assert f"model: {tmp_path / 'lake' / 'runs' / 'newer' / 'model'} (the newest run's)" in completed.stderr
+    assert completed.stdout.startswith("ROMEO:")
 
 
 def test_cli_follows_a_latest_pointer_on_s3(model_dir):
