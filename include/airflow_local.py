@@ -174,6 +174,8 @@ def print_report(report: dict, pointer_uri: str, pointer: dict) -> None:
     for message in report["warnings"]:
         print(f"warning:          {message}")
     print(f"generated sample:\n{report['sample']}")
+    model = shlex.quote(lake.local_path(report["run_folder"]) + "/model")
+    print(f"\nmore samples:     .venv/bin/python -m spark_jobs.generate --model-dir {model} --prompt 'ROMEO:'")
 
 
 @contextmanager

@@ -283,4 +283,5 @@ def test_the_run_summary_rounds_the_losses(capsys):
     out = capsys.readouterr().out
     assert "run folder:       file:///lake/runs/r\nreport:           file:///lake/runs/r/report.md\n" in out
     assert "final val loss:   4.3787 nats/token\nval nats/char:    1.7100\nwarning:          a file is short\n" in out
-    assert out.endswith("generated sample:\nROMEO: hark\n")
+    assert "generated sample:\nROMEO: hark\n" in out
+    assert out.endswith("more samples:     .venv/bin/python -m spark_jobs.generate --model-dir /lake/runs/r/model --prompt 'ROMEO:'\n")
