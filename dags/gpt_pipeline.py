@@ -10,16 +10,18 @@ Each stage is a Spark application run with spark-submit (include/spark_submit.py
 command for every target); stages talk only through the run folder `{lake}/runs/{run}/`.
 `collect` copies the resolved config, stats, model and samples to
 `s3://{s3.bucket}/{s3.prefix}/{run}/` through the `aws_default` connection, with a report
-(report.md: losses, data, model, training, every validation pass) that the run folder keeps too.
+(report.md: losses, data, model, training, every validation pass; on EMR the cluster's steps and
+cost) that the run folder keeps too.
 `promote` points `s3://{s3.bucket}/{s3.prefix}/latest/{run_name}.json` at the new model (with
 `s3.promote: if_better`, only when its validation loss per character is no higher) and then updates
 the `gpt_pipeline_model` asset, which DAGs that use the model can be scheduled on.
 
 Defaults come from include/config/pipeline.yaml; the trigger form changes them for one run and
 the first task validates the result with the config model, checks the corpus, and checks that the
-model fits a training worker's memory (spark_jobs/lib/memory.py). On EMR a failed step is retried
-once on the same cluster, unless it stopped on bad input. Runs start by hand, on the `schedule:`
-of pipeline.yaml (none by default), and whenever the corpus asset is updated.
+model fits a training worker's memory (spark_jobs/lib/memory.py); `target` and `schedule` are the
+DAG's own and a run cannot change them. On EMR a failed step is retried once on the same cluster,
+unless it stopped on bad input or the cluster ended. Runs start by hand, on the `schedule:` of
+pipeline.yaml (none by default), and whenever the corpus asset is updated.
 """
 
 from __future__ import annotations
