@@ -43,7 +43,7 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from include import emr, emr_tasks, local_runner, trigger_form
-from include.collect import AWS_CONN_ID, RunFolder, collect_record, latest_folder, promote_record
+from include.collect import AWS_CONN_ID, RunFolder, check_record_bucket, collect_record, latest_folder, promote_record
 from include.schedule import cron_timetable
 from include.spark_submit import STAGES, package_code
 from spark_jobs.lib import corpus, lake, memory, storage
@@ -100,7 +100,10 @@ def check_corpus(config: PipelineConfig, sizes: dict[str, int]) -> None:
 @task(retries=0)
 def validate_config() -> str:
     """Build this run's config from pipeline.yaml and the trigger form, check it, create the run folder."""
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
     config, run_id = form_config()
+    check_record_bucket(config, S3Hook(aws_conn_id=AWS_CONN_ID))  # collect's, before any Spark runs
     sizes = lake.corpus_files(config)
     check_corpus(config, sizes)
     storage.check_lake_room(config, sizes)
@@ -117,6 +120,7 @@ def validate_config_for_emr() -> dict:
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     config, run_id = form_config()
+    check_record_bucket(config, S3Hook(aws_conn_id=AWS_CONN_ID))  # collect's, before a cluster costs anything
     sizes = emr.corpus_objects(config, S3Hook(aws_conn_id=config.emr.aws_conn_id))
     check_corpus(config, sizes)
     storage.check_core_node_room(config, sizes)

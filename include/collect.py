@@ -157,15 +157,23 @@ def emr_text(cluster: dict) -> str:
     )
 
 
+def check_record_bucket(config, hook) -> str:
+    """The bucket the record goes to, which must exist: checked again before a run starts."""
+    if not hook.check_for_bucket(config.s3.bucket):
+        raise PipelineError(
+            f"s3.bucket: bucket {config.s3.bucket!r} does not exist or is not accessible through the Airflow "
+            f"connection {AWS_CONN_ID}"
+        )
+    return config.s3.bucket
+
+
 def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | None = None) -> dict:
     """Copy the run's record to S3, then the report (written last: its presence means complete);
     the run folder gets the report too (a stage that runs again there removes it). `extra` goes
     into the report as it is (on EMR: the cluster and its steps, under "emr")."""
     run = RunFolder(run_dir, hook)
     config = from_json(run.read("config.json").decode("utf-8"))
-    bucket = config.s3.bucket
-    if not hook.check_for_bucket(bucket):
-        raise PipelineError(f"s3.bucket: bucket {bucket!r} does not exist or is not accessible")
+    bucket = check_record_bucket(config, hook)
     prefix = posixpath.join(config.s3.prefix.strip("/"), run.name)
     for path in record_files(run):
         hook.load_bytes(run.read(path), key=f"{prefix}/{path}", bucket_name=bucket, replace=True)

@@ -396,6 +396,16 @@ def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluste
     assert aws["emr"].list_clusters()["Clusters"] == []
 
 
+def test_a_record_bucket_that_does_not_exist_fails_before_any_cluster_exists(airflow_db, aws, emr_defaults, capfd):
+    settings = apply_overrides(read_yaml(emr_defaults), {"s3": {"bucket": "no-such-bucket"}})
+    emr_defaults.write_text(yaml.safe_dump(settings))
+    dag_run, states, finished = run_dag(aws)
+
+    assert "PipelineError: s3.bucket: bucket 'no-such-bucket' does not exist" in "".join(capfd.readouterr())
+    assert states["validate_config"] == "failed" and finished == []
+    assert aws["emr"].list_clusters()["Clusters"] == []
+
+
 def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr_defaults):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     config = load_config(overrides=OVERRIDES)
