@@ -24,6 +24,7 @@ from include.collect import RunFolder
 from include.spark_submit import STAGES
 from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import PipelineConfig
+from spark_jobs.lib.errors import PipelineError
 
 log = logging.getLogger(__name__)
 ENDED_STATES = ("TERMINATING", "TERMINATED", "TERMINATED_WITH_ERRORS")
@@ -43,7 +44,11 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, sta
     hourly, hours = emr.hourly_cost_usd(config), emr.max_cluster_hours(config)
     log.info("cluster: about $%.2f per hour on demand; at most %.1f hours (about $%.0f) with these limits",
              hourly, hours, hourly * hours)
-    uploaded = emr.upload_run(config, run_id, S3Hook(aws_conn_id=config.emr.aws_conn_id).get_conn())
+    s3 = S3Hook(aws_conn_id=config.emr.aws_conn_id)
+    log_bucket, _ = emr.split_s3_uri(config.emr.log_uri)
+    if not s3.check_for_bucket(log_bucket):  # EMR would start the cluster and lose its logs
+        raise PipelineError(f"emr.log_uri: bucket {log_bucket!r} does not exist or is not accessible")
+    uploaded = emr.upload_run(config, run_id, s3.get_conn())
     return {"run_dir": uploaded["run_dir"], "job_flow_overrides": request, **steps}
 
 

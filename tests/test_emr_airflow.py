@@ -396,12 +396,17 @@ def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluste
     assert aws["emr"].list_clusters()["Clusters"] == []
 
 
-def test_a_record_bucket_that_does_not_exist_fails_before_any_cluster_exists(airflow_db, aws, emr_defaults, capfd):
-    settings = apply_overrides(read_yaml(emr_defaults), {"s3": {"bucket": "no-such-bucket"}})
-    emr_defaults.write_text(yaml.safe_dump(settings))
+@pytest.mark.parametrize(
+    "setting, message",
+    [({"s3": {"bucket": "no-such-bucket"}}, "s3.bucket: bucket 'no-such-bucket' does not exist"),
+     ({"emr": {"log_uri": "s3://no-such-logs/emr/"}}, "emr.log_uri: bucket 'no-such-logs' does not exist")],
+    ids=["record", "logs"],
+)  # fmt: skip
+def test_a_bucket_that_does_not_exist_fails_before_any_cluster_exists(airflow_db, aws, emr_defaults, capfd, setting, message):
+    emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), setting)))
     dag_run, states, finished = run_dag(aws)
 
-    assert "PipelineError: s3.bucket: bucket 'no-such-bucket' does not exist" in "".join(capfd.readouterr())
+    assert f"PipelineError: {message}" in "".join(capfd.readouterr())
     assert states["validate_config"] == "failed" and finished == []
     assert aws["emr"].list_clusters()["Clusters"] == []
 
