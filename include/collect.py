@@ -158,7 +158,7 @@ def emr_text(cluster: dict) -> str:
 
 
 def check_record_bucket(config, hook) -> str:
-    """The bucket the record goes to, which must exist: checked again before a run starts."""
+    """The bucket the record goes to, which must exist (validate_config checks it before the run too)."""
     if not hook.check_for_bucket(config.s3.bucket):
         raise PipelineError(
             f"s3.bucket: bucket {config.s3.bucket!r} does not exist or is not accessible through the Airflow "

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import datetime, timezone
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
