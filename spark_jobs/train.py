@@ -24,7 +24,7 @@ from pathlib import Path
 from spark_jobs.lib import lake, train_data, trainer
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.stage import run_stage
+from spark_jobs.lib.stage import run_stage, warn
 
 PR_SET_PDEATHSIG = 1
 
@@ -33,6 +33,9 @@ def train(spark, config: PipelineConfig, run: str) -> dict:
     for stage in ("tokenize", "positional_embed", "export"):
         lake.require_stage(run, stage)
     train_data.read_manifest(run, config)  # bad input fails here, before any worker starts
+    warnings = settings_warnings(config)
+    for message in warnings:
+        warn("train", message)
     workers = config.train.num_workers
     results = (
         spark.sparkContext.parallelize(range(workers), workers)
@@ -60,7 +63,21 @@ def train(spark, config: PipelineConfig, run: str) -> dict:
         "final_val_accuracy": chief["final_val_accuracy"],
         "parameters": chief["parameters"],
         "worker_results": results,
+        "warnings": warnings,
     }
+
+
+def settings_warnings(config: PipelineConfig) -> list[str]:
+    """Training settings that are allowed but unlikely to be meant, e.g. a short trial run that
+    keeps the default warm-up."""
+    train = config.train
+    if train.warmup_steps < train.max_steps:
+        return []
+    return [
+        f"train.warmup_steps ({train.warmup_steps}) is not below train.max_steps ({train.max_steps}): the learning "
+        f"rate rises for the whole run and never reaches train.learning_rate ({train.learning_rate}); lower "
+        "train.warmup_steps for a short run"
+    ]
 
 
 def train_task(run: str) -> dict:

@@ -9,7 +9,7 @@ from spark_jobs.lib import lake, train_data
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.lake import StageIncomplete
 from spark_jobs.lib.train_stats import EPOCH_COLUMNS, IntervalStats, epochs_csv, nats_per_char
-from spark_jobs.train import train
+from spark_jobs.train import settings_warnings, train
 from tests.conftest import new_run, small_config
 
 
@@ -117,3 +117,10 @@ def test_streamed_windows_give_the_same_batches_as_windows_kept_in_memory(tmp_pa
                  for flag in (True, False)}  # fmt: skip
     assert all(np.array_equal(a, b) for a, b in zip(*evaluated.values()))
     np.testing.assert_array_equal(evaluated[False][0], windows[:16, 1:])
+
+
+def test_a_warm_up_as_long_as_the_run_is_warned_about(tmp_path, shakespeare_slice):
+    short = small_config(tmp_path, shakespeare_slice, ["train.max_steps=20", "train.warmup_steps=30"])
+    (message,) = settings_warnings(short)
+    assert message.startswith("train.warmup_steps (30) is not below train.max_steps (20): the learning rate rises")
+    assert settings_warnings(small_config(tmp_path, shakespeare_slice, ["train.max_steps=31", "train.warmup_steps=30"])) == []
