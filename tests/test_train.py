@@ -156,19 +156,22 @@ def run_processes(run: str) -> list[psutil.Process]:
     return found
 
 
-def test_the_local_runner_stopped_by_sigterm_leaves_no_training_behind(prepared):
+def test_the_local_runner_stopped_by_sigterm_leaves_no_training_behind(prepared, tmp_path):
     config, run, _ = fresh_run(prepared, "sigterm", ["train.max_steps=100000"])
     lake_dir = Path(lake.local_path(run)).parent.parent
-    runner = subprocess.Popen(
-        [sys.executable, "-m", "include.local_runner", "--run-id", "sigterm", "--set", f"lake={lake_dir}", "--stages", "train"],
-        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+    with (tmp_path / "runner.log").open("w") as log:  # a file, not a pipe that nobody reads until the end
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "include.local_runner", "--run-id", "sigterm", "--set", f"lake={lake_dir}",
+             "--stages", "train"],
+            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+        )  # fmt: skip
     deadline = time.monotonic() + 240
     while len(training_processes(run)) < 2:
         assert runner.poll() is None and time.monotonic() < deadline, "training did not start"
         time.sleep(0.2)
     runner.send_signal(signal.SIGTERM)  # `kill`, as a CI job's time-out sends it
-    _, stderr = runner.communicate(timeout=60)
+    runner.wait(timeout=60)
+    stderr = (tmp_path / "runner.log").read_text()
     assert runner.returncode == 130 and "stopped: the running stage did not complete" in stderr, stderr[-2000:]
     deadline = time.monotonic() + 30
     while run_processes(run):  # the JVM goes at once; its workers follow it
