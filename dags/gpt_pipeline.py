@@ -43,7 +43,7 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from include import emr, emr_tasks, local_runner, trigger_form
-from include.collect import AWS_CONN_ID, RunFolder, check_record_bucket, collect_record, latest_folder, promote_record
+from include.collect import AWS_CONN_ID, RunFolder, check_bucket, collect_record, latest_folder, promote_record
 from include.schedule import cron_timetable
 from include.spark_submit import STAGES, package_code
 from spark_jobs.lib import corpus, lake, memory, storage
@@ -103,7 +103,7 @@ def validate_config() -> str:
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     config, run_id = form_config()
-    check_record_bucket(config, S3Hook(aws_conn_id=AWS_CONN_ID))  # collect's, before any Spark runs
+    check_bucket(S3Hook(aws_conn_id=AWS_CONN_ID), config.s3.bucket, "s3.bucket")  # collect's, before any Spark runs
     sizes = lake.corpus_files(config)
     check_corpus(config, sizes)
     storage.check_lake_room(config, sizes)
@@ -120,7 +120,7 @@ def validate_config_for_emr() -> dict:
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     config, run_id = form_config()
-    check_record_bucket(config, S3Hook(aws_conn_id=AWS_CONN_ID))  # collect's, before a cluster costs anything
+    check_bucket(S3Hook(aws_conn_id=AWS_CONN_ID), config.s3.bucket, "s3.bucket")  # collect's, before a cluster
     sizes = emr.corpus_objects(config, S3Hook(aws_conn_id=config.emr.aws_conn_id))
     check_corpus(config, sizes)
     storage.check_core_node_room(config, sizes)

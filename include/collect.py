@@ -157,14 +157,15 @@ def emr_text(cluster: dict) -> str:
     )
 
 
-def check_record_bucket(config, hook) -> str:
-    """The bucket the record goes to, which must exist (validate_config checks it before the run too)."""
-    if not hook.check_for_bucket(config.s3.bucket):
+def check_bucket(hook, bucket: str, setting: str) -> str:
+    """`bucket`, named by the config's `setting`, which must exist (validate_config checks the
+    record's and, on EMR, the logs' before the run too)."""
+    if not hook.check_for_bucket(bucket):
         raise PipelineError(
-            f"s3.bucket: bucket {config.s3.bucket!r} does not exist or is not accessible through the Airflow "
-            f"connection {AWS_CONN_ID}"
+            f"{setting}: bucket {bucket!r} does not exist or is not accessible through the Airflow "
+            f"connection {hook.aws_conn_id}"
         )
-    return config.s3.bucket
+    return bucket
 
 
 def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | None = None) -> dict:
@@ -173,7 +174,7 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | No
     into the report as it is (on EMR: the cluster and its steps, under "emr")."""
     run = RunFolder(run_dir, hook)
     config = from_json(run.read("config.json").decode("utf-8"))
-    bucket = check_record_bucket(config, hook)
+    bucket = check_bucket(hook, config.s3.bucket, "s3.bucket")
     prefix = posixpath.join(config.s3.prefix.strip("/"), run.name)
     for path in record_files(run):
         hook.load_bytes(run.read(path), key=f"{prefix}/{path}", bucket_name=bucket, replace=True)

@@ -20,11 +20,10 @@ from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from include import emr
-from include.collect import RunFolder
+from include.collect import RunFolder, check_bucket
 from include.spark_submit import STAGES
 from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import PipelineConfig
-from spark_jobs.lib.errors import PipelineError
 
 log = logging.getLogger(__name__)
 ENDED_STATES = ("TERMINATING", "TERMINATED", "TERMINATED_WITH_ERRORS")
@@ -45,9 +44,8 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, sta
     log.info("cluster: about $%.2f per hour on demand; at most %.1f hours (about $%.0f) with these limits",
              hourly, hours, hourly * hours)
     s3 = S3Hook(aws_conn_id=config.emr.aws_conn_id)
-    log_bucket, _ = emr.split_s3_uri(config.emr.log_uri)
-    if not s3.check_for_bucket(log_bucket):  # EMR would start the cluster and lose its logs
-        raise PipelineError(f"emr.log_uri: bucket {log_bucket!r} does not exist or is not accessible")
+    # Without it EMR would start the cluster and lose its logs.
+    check_bucket(s3, emr.split_s3_uri(config.emr.log_uri)[0], "emr.log_uri")
     uploaded = emr.upload_run(config, run_id, s3.get_conn())
     return {"run_dir": uploaded["run_dir"], "job_flow_overrides": request, **steps}
 

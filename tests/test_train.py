@@ -110,13 +110,19 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared):
     assert lake.read_text(lake.join(run, "samples.txt")) == sample
 
 
-def training_processes(run: str) -> list[psutil.Process]:
+def run_processes(run: str) -> list[psutil.Process]:
+    """Every process working on the run: spark-submit's JVM, the barrier tasks, the TensorFlow workers."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if "spark_jobs.lib.trainer" in cmdline and run in cmdline:
-            found.append(process)
+        with contextlib.suppress(psutil.Error):
+            if run in " ".join(process.info["cmdline"] or []):
+                found.append(process)
     return found
+
+
+def training_processes(run: str) -> list[psutil.Process]:
+    """The run's TensorFlow workers."""
+    return [process for process in run_processes(run) if "spark_jobs.lib.trainer" in process.info["cmdline"]]
 
 
 def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup(prepared):
@@ -144,16 +150,6 @@ def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup
     assert resumed[0] == 0 and resumed[-1] == stats["resumed_from_step"]
     assert lake.exists(lake.join(run, "model", "model.keras"))
     assert not training_processes(run)
-
-
-def run_processes(run: str) -> list[psutil.Process]:
-    """Every process working on the run: spark-submit's JVM, the barrier tasks, the TensorFlow workers."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        with contextlib.suppress(psutil.Error):
-            if run in " ".join(process.info["cmdline"] or []):
-                found.append(process)
-    return found
 
 
 def test_the_local_runner_stopped_by_sigterm_leaves_no_training_behind(prepared, tmp_path):
