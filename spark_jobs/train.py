@@ -114,6 +114,9 @@ def run_worker_process(run: str, tf_config: dict, threads: int) -> dict:
             "TF_CONFIG": json.dumps(tf_config),
             "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),
             "TF_CPP_MIN_LOG_LEVEL": "1",
+            # The worker leaves without interpreter shutdown, which would skip autograph's removal
+            # of the source files it writes to the temporary folder: they go with the scratch folder.
+            "TMPDIR": scratch,
         }
         argv = [sys.executable, "-m", "spark_jobs.lib.trainer", "--run-dir", run, "--threads", str(threads),
                 "--result", str(result_file)]  # fmt: skip

@@ -67,9 +67,13 @@ def epoch_rows(run: str) -> list[dict]:
     return list(csv.DictReader(lake.read_text(lake.join(run, "stats", "epochs.csv")).splitlines()))
 
 
-def test_two_workers_train_one_model_and_generation_repeats(prepared):
+def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, monkeypatch):
     config, run, code = fresh_run(prepared, "two-workers", [])
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     run_stage("train", config, run, code)
+    # The workers leave without interpreter shutdown, so the source files TensorFlow's autograph
+    # writes to the temporary folder would stay behind on every run unless the stage removed them.
+    assert not list(tmp_path.glob("__autograph_generated_file*"))
 
     stats = lake.read_json(lake.stats_uri(run, "train"))
     workers = stats["worker_results"]
