@@ -1,6 +1,6 @@
 import pytest
 
-from spark_jobs.lib.config import ConfigError, load_config, parse_override, read_yaml, validate
+from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, ConfigError, load_config, parse_override, read_yaml, validate
 
 
 def test_defaults_are_valid_and_resolve_paths():
@@ -130,6 +130,21 @@ def test_config_file_errors(tmp_path):
     broken.write_text("train: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(broken)
+    broken.write_bytes(b"run_name: caf\xe9\n")
+    with pytest.raises(ConfigError, match="not valid YAML.*utf-8"):
+        load_config(broken)
+
+
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
+    """YAML itself would keep the last one: a second `train:` section would replace the first whole."""
+    doubled = tmp_path / "doubled.yaml"
+    doubled.write_text(DEFAULT_CONFIG_PATH.read_text() + "\ntrain:\n  max_steps: 500\n")
+    line = len(DEFAULT_CONFIG_PATH.read_text().splitlines()) + 2
+    with pytest.raises(ConfigError, match=rf"'train' is given twice in the same section\n  in \"{doubled}\", line {line}"):
+        load_config(doubled)
+    doubled.write_text("train:\n  max_steps: 5\n  max_steps: 6\n")
+    with pytest.raises(ConfigError, match="'max_steps' is given twice"):
+        read_yaml(doubled)
 
 
 def read_yaml_default():

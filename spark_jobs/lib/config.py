@@ -267,7 +267,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "#" in raw and raw[:1] not in ("'", '"'):
         return path, raw
     try:
-        value = yaml.safe_load(raw) if raw else ""
+        value = parse_yaml(raw) if raw else ""
     except yaml.YAMLError:
         return path, raw
     if value is not None and not isinstance(value, str) and _takes_text(path):
@@ -341,13 +341,37 @@ def validate(data: dict) -> PipelineConfig:
         raise ConfigError(_describe(error)) from None
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """Safe YAML that refuses a key given twice in one mapping. PyYAML keeps the last one silently,
+    so a second `train:` section at the end of the file would replace the first one whole."""
+
+    def construct_mapping(self, node, deep=False):
+        self.flatten_mapping(node)
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # an unhashable key: the base class names it
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is given twice in the same section", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text_or_file) -> Any:
+    return yaml.load(text_or_file, Loader=_StrictLoader)
+
+
 def read_yaml(path: Path | str) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        return yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
+        with path.open(encoding="utf-8") as file:  # so that an error names the file and line
+            return parse_yaml(file) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
 
 
