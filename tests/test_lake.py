@@ -93,3 +93,31 @@ def test_a_corpus_glob_matches_in_any_path_component(folder, pattern, wanted):
         else:
             with pytest.raises(PipelineError, match="matches no object on S3"):
                 emr.corpus_objects(config, S3Hook(aws_conn_id="aws_default"))
+
+
+def test_links_in_a_local_corpus_count_each_file_once(tmp_path):
+    """A folder linked in from elsewhere is read; a link back up the tree (a loop) and a second name
+    for the same file do not put the same text in the training data twice."""
+    books, elsewhere = tmp_path / "books", tmp_path / "elsewhere"
+    (books / "austen").mkdir(parents=True)
+    elsewhere.mkdir()
+    (books / "austen" / "emma.txt").write_text("emma\n")
+    (elsewhere / "jane.txt").write_text("jane eyre\n")
+    (books / "bronte").symlink_to(elsewhere)
+    (books / "austen" / "again").symlink_to(books)
+    (books / "favourite.txt").symlink_to(books / "austen" / "emma.txt")
+    (books / "copy.txt").hardlink_to(elsewhere / "jane.txt")
+    emma, jane = lake.join(to_uri(str(books)), "austen/emma.txt"), lake.join(to_uri(str(books)), "copy.txt")
+    wanted = {emma: 5, jane: 10}  # jane.txt is also bronte/jane.txt, a name through a link
+    for pattern in (books, books / "**" / "*.txt"):
+        assert lake.corpus_files(load_config(overrides=[{"corpus": str(pattern)}])) == wanted, pattern
+    # Through the loop, austen/ reaches the whole of books/; each file keeps the name without a link.
+    assert lake.corpus_files(load_config(overrides=[{"corpus": str(books / "austen")}])) == {
+        lake.join(to_uri(str(books)), "austen/again/bronte/jane.txt"): 10, emma: 5
+    }
+    both = load_config(overrides=[{"corpus": [str(books / "favourite.txt"), str(books / "austen" / "emma.txt")]}])
+    assert lake.corpus_files(both) == {emma: 5}
+
+    (books / "gone.txt").symlink_to(tmp_path / "deleted.txt")
+    with pytest.raises(PipelineError, match=rf"cannot be listed: .*gone.txt is a link to .*deleted.txt, which does not exist"):
+        lake.corpus_files(load_config(overrides=[{"corpus": str(books)}]))

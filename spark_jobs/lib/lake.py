@@ -174,13 +174,41 @@ def expand(pattern: str) -> dict[str, int]:
     if info.type != pafs.FileType.Directory:
         return {}
     globs = globs or ["**"]
-    infos = fs.get_file_info(pafs.FileSelector(path, recursive=len(globs) > 1 or "**" in globs))
-    matched = {}
-    for info in infos:
-        relative = posixpath.relpath(info.path, path)
-        if info.type == pafs.FileType.File and matches(relative.split("/"), globs):
-            matched[join(folder, relative)] = info.size
+    recursive = len(globs) > 1 or "**" in globs
+    files = local_files_below(path, recursive) if fs is LOCAL_FILESYSTEM else remote_files_below(fs, path, recursive)
+    matched = {join(folder, relative): size for relative, size in files.items() if matches(relative.split("/"), globs)}
     return dict(sorted(matched.items()))
+
+
+def remote_files_below(fs: pafs.FileSystem, path: str, recursive: bool) -> dict[str, int]:
+    """{path relative to the folder: size in bytes} of the files below a folder of an object store."""
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=recursive))
+    return {posixpath.relpath(info.path, path): info.size for info in infos if info.type == pafs.FileType.File}
+
+
+def local_files_below(path: str, recursive: bool) -> dict[str, int]:
+    """{path relative to the folder: size in bytes} of the files below a local folder. Links to
+    folders are followed, but each real folder is listed once: a link back up the tree would
+    otherwise be listed round and round, the same files under ever longer names. A link to a file
+    that does not exist is an error, not a file left out unnoticed."""
+
+    def refuse(error: OSError) -> None:
+        raise error
+
+    files, listed = {}, set()
+    for top, folders, names in os.walk(path, onerror=refuse, followlinks=True):
+        real = os.path.realpath(top)
+        folders[:] = sorted(folders) if recursive and real not in listed else []
+        if real in listed:
+            continue
+        listed.add(real)
+        for name in names:
+            file = os.path.join(top, name)
+            if not os.path.exists(file):
+                raise FileNotFoundError(f"{file} is a link to {os.readlink(file)}, which does not exist")
+            if os.path.isfile(file):
+                files[os.path.relpath(file, path)] = os.path.getsize(file)
+    return files
 
 
 def matches(names: list[str], globs: list[str]) -> bool:
@@ -217,7 +245,31 @@ def corpus_files(config: PipelineConfig) -> dict[str, int]:
         if not matched:
             raise PipelineError(f"corpus {pattern} matches no file")
         files |= matched
-    return dict(sorted(files.items()))
+    return without_second_names(dict(sorted(files.items())))
+
+
+def without_second_names(files: dict[str, int]) -> dict[str, int]:
+    """The files with each local file once: a file also reached through a link (or a hard link)
+    would otherwise be read twice, its text in the training data twice. Of a file's names, the
+    first that goes through no link is kept, else the first."""
+    names_by_file: dict[object, list[str]] = {}
+    for uri in files:
+        names_by_file.setdefault(file_identity(uri), []).append(uri)
+    kept = (min(names, key=goes_through_a_link) for names in names_by_file.values())
+    return {uri: files[uri] for uri in sorted(kept)}
+
+
+def file_identity(uri: str) -> object:
+    """What the names of one file share: its device and inode on local disk, its URI on S3."""
+    if not uri.startswith("file://"):
+        return uri
+    status = os.stat(filesystem(uri)[1])
+    return status.st_dev, status.st_ino
+
+
+def goes_through_a_link(uri: str) -> bool:
+    path = filesystem(uri)[1]
+    return uri.startswith("file://") and os.path.realpath(path) != path
 
 
 def run_dir(config: PipelineConfig, run_id: str) -> str:
