@@ -1,10 +1,10 @@
 """
 ### gpt_pipeline: train a GPT-style language model from raw text
 
-validate_config → tokenize → window → positional_embed → export → train → generate → collect → promote
+validate_config → tokenize → window → positional_embed → export → train → generate → collect → promote, prune_runs
 
 With `target: emr` in pipeline.yaml each stage is an EMR step on a cluster made for the run:
-validate_config → create_cluster → tokenize → … → generate → collect → promote, terminate_cluster
+validate_config → create_cluster → tokenize → … → generate → collect → promote, prune_runs, terminate_cluster
 
 Each stage is a Spark application run with spark-submit (include/spark_submit.py builds the
 command for every target); stages talk only through the run folder `{lake}/runs/{run}/`.
@@ -14,7 +14,8 @@ command for every target); stages talk only through the run folder `{lake}/runs/
 cost) that the run folder keeps too.
 `promote` points `s3://{s3.bucket}/{s3.prefix}/latest/{run_name}.json` at the new model (with
 `s3.promote: if_better`, only when its validation loss per character is no higher) and then updates
-the `gpt_pipeline_model` asset, which DAGs that use the model can be scheduled on.
+the `gpt_pipeline_model` asset, which DAGs that use the model can be scheduled on. With
+`keep_runs` set, `prune_runs` removes the run name's older collected run folders from the lake.
 
 Defaults come from include/config/pipeline.yaml; the trigger form changes them for one run and
 the first task validates the result with the config model, checks the corpus, and checks that the
@@ -43,7 +44,15 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from include import emr, emr_tasks, local_runner, trigger_form
-from include.collect import AWS_CONN_ID, RunFolder, check_bucket, collect_record, latest_folder, promote_record
+from include.collect import (
+    AWS_CONN_ID,
+    RunFolder,
+    check_bucket,
+    collect_record,
+    latest_folder,
+    promote_record,
+    remove_old_runs,
+)
 from include.schedule import cron_timetable
 from include.spark_submit import STAGES, package_code
 from spark_jobs.lib import corpus, lake, memory, storage
@@ -178,6 +187,17 @@ def promote(report: dict) -> dict:
     return decision
 
 
+@task
+def prune_runs(run_dir: str) -> list[str]:
+    """With keep_runs set, remove this run name's older collected run folders from the lake."""
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    removed = remove_old_runs(run_dir, S3Hook(aws_conn_id=AWS_CONN_ID))
+    for uri in removed:
+        log.info("removed %s (keep_runs: its record on S3 stays)", uri)
+    return removed
+
+
 with DAG(
     dag_id=DAG_ID,
     description="Train a GPT-style model: Spark preprocessing, multi-worker TensorFlow, record to S3",
@@ -201,6 +221,7 @@ with DAG(
         report = collect(run_dir)
         chain(run_dir, *stages, report)
         promote(report)
+        report >> prune_runs(run_dir)
     else:
         # create_cluster -> one step per stage -> collect -> terminate_cluster (a teardown: it
         # runs whatever happened, and a failed step still fails the run).
@@ -209,3 +230,4 @@ with DAG(
         report = collect(prepared["run_dir"], create.output)
         last_stage >> report >> terminate
         promote(report)
+        report >> prune_runs(prepared["run_dir"])

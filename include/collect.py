@@ -15,6 +15,7 @@ import json
 import logging
 import posixpath
 from datetime import datetime, timezone
+from pathlib import Path
 
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import from_json
@@ -68,6 +69,32 @@ class RunFolder:
         else:
             lake.write_bytes(uri, data)
 
+    def siblings(self) -> list[RunFolder]:
+        """The run folders of the lake, this one among them."""
+        runs = posixpath.dirname(self.uri)
+        if runs.startswith("s3://"):
+            bucket, prefix = self.hook.parse_s3_url(runs)
+            folders = self.hook.list_prefixes(bucket_name=bucket, prefix=prefix + "/", delimiter="/") or []
+            return [RunFolder(f"s3://{bucket}/{folder.rstrip('/')}", self.hook) for folder in sorted(folders)]
+        local = Path(lake.local_path(runs))
+        return [RunFolder(lake.join(runs, path.name), self.hook) for path in sorted(local.iterdir()) if path.is_dir()]
+
+    def delete(self) -> None:
+        """The report and the stages' stats go first, so that a folder half removed never looks
+        collected or its stages complete."""
+        markers = (REPORT_JSON, REPORT_TEXT, "stats/")
+        if self.uri.startswith("s3://"):
+            bucket, prefix = self.hook.parse_s3_url(self.uri)
+            keys = self.hook.list_keys(bucket_name=bucket, prefix=prefix + "/") or []
+            first = [key for key in keys if key[len(prefix) + 1 :].startswith(markers)]
+            for batch in (first, [key for key in keys if key not in first]):
+                if batch:
+                    self.hook.delete_objects(bucket, batch)
+        else:
+            for marker in markers:
+                lake.delete(lake.join(self.uri, marker))
+            lake.delete(self.uri)
+
 
 def record_files(run: RunFolder) -> list[str]:
     files = [path for path in run.files() if path in RECORD_FILES or path.startswith(RECORD_FOLDERS)]
@@ -83,6 +110,8 @@ def build_report(run: RunFolder, s3_uri: str, stages: tuple[str, ...]) -> dict:
     train = stats["train"]
     return {
         "run": run.name,
+        "run_name": config["run_name"],
+        "collected_at": datetime.now(timezone.utc).isoformat(),
         "run_folder": run.uri,
         "s3_uri": s3_uri,
         "final_val_loss": train.get("final_val_loss"),
@@ -188,6 +217,26 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | No
     except Exception as error:  # a copy for convenience (the record has it): e.g. a lake Airflow may only read
         log.warning("the report was not copied to the run folder %s: %s", run.uri, error)
     return report
+
+
+def remove_old_runs(run_dir: str, hook) -> list[str]:
+    """With keep_runs set, remove the lake's run folders of this run's name that collect finished,
+    all but the newest keep_runs (this run among them), and return them. Runs without a report
+    (unfinished, or being run again) and runs of other names are left alone; records on S3 stay."""
+    run = RunFolder(run_dir, hook)
+    config = from_json(run.read(lake.CONFIG_FILE).decode("utf-8"))
+    if config.keep_runs is None:
+        return []
+    collected = []
+    for folder in run.siblings():
+        report = folder.read_json(REPORT_JSON) if folder.has(REPORT_JSON) else {}
+        if report.get("run_name") == config.run_name and "collected_at" in report:
+            collected.append((report["collected_at"], folder))
+    collected.sort(key=lambda item: item[0], reverse=True)
+    old = [folder for _, folder in collected[config.keep_runs :] if folder.uri != run.uri]
+    for folder in old:
+        folder.delete()
+    return [folder.uri for folder in old]
 
 
 def latest_folder(config) -> str:

@@ -38,13 +38,14 @@ def test_dags_folder_imports_cleanly(dagbag):
 
 def test_tasks_run_in_pipeline_order(dag):
     dag.check_cycle()
-    assert sorted(dag.task_ids) == sorted(PIPELINE)
+    assert sorted(dag.task_ids) == sorted([*PIPELINE, "prune_runs"])
     for upstream, downstream in zip(PIPELINE, PIPELINE[1:]):
         assert downstream in dag.get_task(upstream).downstream_task_ids, f"{upstream} >> {downstream}"
     # Nothing but validate_config (which hands the run folder to every task) skips ahead.
     for position, task_id in enumerate(PIPELINE[1:-1], start=1):
         assert dag.get_task(task_id).upstream_task_ids == {PIPELINE[position - 1], "validate_config"}
     assert dag.get_task("promote").upstream_task_ids == {"collect"}
+    assert dag.get_task("prune_runs").upstream_task_ids == {"collect", "validate_config"}
 
 
 def test_promote_updates_the_model_asset_at_the_latest_pointers(dag):

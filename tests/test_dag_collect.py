@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from include.collect import collect_record, promote_record
+from include.collect import RunFolder, collect_record, promote_record, remove_old_runs
 from include.local_s3 import LocalS3
 from include.spark_submit import STAGES
 from spark_jobs.lib import lake
@@ -216,3 +216,50 @@ def test_promote_refuses_a_record_collect_has_not_finished(s3, hook, tmp_path):
     with pytest.raises(PipelineError, match=r"has no report.json: collect did not finish"):
         promote_record(report["s3_uri"], hook)
     assert "Contents" not in s3.client().list_objects_v2(Bucket=RECORD_BUCKET, Prefix="runs/latest/poems")
+
+
+@pytest.mark.parametrize("lake_root", ["local", f"s3://{LAKE_BUCKET}/keep"])
+def test_keep_runs_removes_the_oldest_collected_runs_of_the_run_name(s3, hook, tmp_path, lake_root):
+    lake_setting = {"lake": str(tmp_path / "lake")} if lake_root == "local" else {"lake": lake_root, "target": "emr"}
+
+    def finished(run_id: str, *settings: str) -> str:
+        config = load_config(overrides=[lake_setting, *settings])
+        run_dir = lake.run_dir(config, run_id)
+        finished_run(s3, run_dir, run_files(config.to_json()))
+        return run_dir
+
+    books = [finished(f"books-{number}", "run_name=books", "keep_runs=2") for number in range(3)]
+    sonnets = finished("sonnets-0", "run_name=sonnets", "keep_runs=2")
+    unfinished = finished("books-unfinished", "run_name=books", "keep_runs=2")  # never collected
+    without_setting = finished("books-kept", "run_name=books")
+    for run_dir in [sonnets, *books]:
+        collect_record(run_dir, hook, STAGES)
+
+    assert remove_old_runs(books[2], hook) == [books[0]]
+    left = [folder.uri for folder in RunFolder(books[2], hook).siblings()]
+    assert left == sorted([*books[1:], sonnets, unfinished, without_setting])
+    assert record(s3, "books-0")["model/model.keras"] == b"\x00model bytes\xff", "the record on S3 stays"
+    assert remove_old_runs(books[2], hook) == []
+    collect_record(without_setting, hook, STAGES)
+    assert remove_old_runs(without_setting, hook) == [], "keep_runs is null: every run stays"
+
+
+def test_a_run_folder_half_removed_does_not_look_collected(s3, hook, tmp_path, monkeypatch):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "keep_runs=1"])
+    old, new = (lake.run_dir(config, run_id) for run_id in ("books-old", "books-new"))
+    for run_dir in (old, new):
+        finished_run(s3, run_dir, run_files(config.to_json()))
+        collect_record(run_dir, hook, STAGES)
+    delete = lake.delete
+
+    def fail_on_the_folder(uri: str) -> None:
+        if uri == old:
+            raise OSError("the disk went away")
+        delete(uri)
+
+    monkeypatch.setattr(lake, "delete", fail_on_the_folder)
+    with pytest.raises(OSError, match="went away"):
+        remove_old_runs(new, hook)
+    left = RunFolder(old, hook)
+    assert left.has("model/model.keras") and not left.has("report.json")
+    assert not lake.exists(lake.stats_uri(old, "train")), "no stage of it looks complete either"

@@ -134,14 +134,19 @@ def test_a_bad_corpus_fails_tokenize_without_a_retry(local_airflow, tmp_path):
 @pytest.mark.slow
 def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airflow, shakespeare_slice, tmp_path):
     env, s3, home = local_airflow
-    conf = {"corpus": str(shakespeare_slice), "run_name": "e2e", "overrides": [f"lake={tmp_path / 'lake'}", *SMALL_RUN]}
+    # An older run of the same name that collect finished: keep_runs=1 leaves only the new one.
+    older = tmp_path / "lake" / "runs" / "e2e-older"
+    (older / "model").mkdir(parents=True)
+    (older / "report.json").write_text(json.dumps({"run_name": "e2e", "collected_at": "2026-01-01T00:00:00+00:00"}))
+    overrides = [f"lake={tmp_path / 'lake'}", "keep_runs=1", *SMALL_RUN]
+    conf = {"corpus": str(shakespeare_slice), "run_name": "e2e", "overrides": overrides}
     code, output = dags_test(env, conf)
     assert code == 0, output[-5000:]
     # validate_config's log names what the form changed
     assert re.search(r"settings from the form: .*run_name = 'e2e'; .*train\.max_steps = 40", output), output[-5000:]
     run_id, state, tasks = last_run_states(home)
     assert state == "success"
-    assert tasks == {task_id: "success" for task_id in ["validate_config", *STAGES, "collect", "promote"]}
+    assert tasks == {task_id: "success" for task_id in ["validate_config", *STAGES, "collect", "promote", "prune_runs"]}
 
     client = s3.client()
     prefix = f"runs/{lake.safe_run_id(f'e2e-{run_id}')}/"
@@ -171,6 +176,7 @@ def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airfl
     assert report["splits"]["train"]["windows"] > 0 and report["model"]["n_layer"] == config["model"]["n_layer"]
     run_folder = lake.run_dir(load_config(overrides=[{"lake": str(tmp_path / "lake")}]), f"e2e-{run_id}")
     assert lake.read_text(lake.join(run_folder, "report.md")) == read("report.md").decode()
+    assert sorted(path.name for path in (tmp_path / "lake" / "runs").iterdir()) == [run_folder.rsplit("/", 1)[1]]
 
     # promote pointed the run name's latest pointer at this model and updated the model asset.
     pointer = json.loads(client.get_object(Bucket=BUCKET, Key="runs/latest/e2e.json")["Body"].read())

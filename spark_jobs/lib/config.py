@@ -174,6 +174,7 @@ class PipelineConfig(_Section):
     target: Literal["local", "emr"]
     corpus: list[str] = Field(min_length=1)
     lake: str
+    keep_runs: int | None = Field(default=None, ge=1)
     s3: S3Config
     schedule: str | None = None
     tokenizer: TokenizerConfig
