@@ -25,6 +25,7 @@ from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 
 
 VECTOR_MODULE = "--add-modules=jdk.incubator.vector"
+STOP_GRACE_S = 15
 
 
 class StageFailed(RuntimeError):
@@ -73,9 +74,27 @@ def local_argv(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path)
 def run_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) -> None:
     argv = local_argv(stage, config, run_dir, code_dir)
     with class_archive.sharing(stage) as jvm_options:
-        completed = subprocess.run(argv, env=spark_env(jvm_options))
-        if completed.returncode != 0:
-            raise StageFailed(stage, completed.returncode, argv)
+        returncode = run_spark_submit(argv, spark_env(jvm_options))
+        if returncode != 0:
+            raise StageFailed(stage, returncode, argv)
+
+
+def run_spark_submit(argv: list[str], env: dict[str, str]) -> int:
+    """spark-submit's exit code. When this process is stopped meanwhile (Ctrl-C, SIGTERM, Airflow
+    stopping the task), spark-submit gets SIGTERM first: Spark's shutdown then stops its Python
+    workers and removes its temporary folders, which a SIGKILL would leave in /tmp. What still
+    runs STOP_GRACE_S later is killed."""
+    process = subprocess.Popen(argv, env=env)
+    try:
+        return process.wait()
+    except BaseException:
+        process.terminate()
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        raise
 
 
 def run_pipeline(config: PipelineConfig, run_id: str, stages: tuple[str, ...] | None = None) -> str:
@@ -143,7 +162,7 @@ def resolve_config(args: argparse.Namespace) -> PipelineConfig:
 
 def interrupt(_signum, _frame) -> None:
     """SIGTERM (`kill`, a CI job's time-out) stops the runner as Ctrl-C does: on the way out
-    subprocess.run kills the running stage's spark-submit, and its Python and TensorFlow workers
+    run_spark_submit stops the running stage's spark-submit, and its Python and TensorFlow workers
     follow it, instead of training on as orphans."""
     raise KeyboardInterrupt
 

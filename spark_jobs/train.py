@@ -106,8 +106,13 @@ def free_port() -> int:
 def run_worker_process(run: str, tf_config: dict, threads: int) -> dict:
     """TensorFlow runs in a fresh process rather than in the forked pyspark worker: its thread pools
     and gRPC server are not fork-safe, each stage attempt gets a clean collective runtime, and a
-    worker that dies (or is killed) shows up as an exit code the task turns into a failure."""
-    with tempfile.TemporaryDirectory(prefix="gpt-pipeline-worker-") as scratch:
+    worker that dies (or is killed) shows up as an exit code the task turns into a failure. Its
+    scratch folder is in Spark's own folder for the executor, which Spark (or YARN) removes even
+    when it stops the task's Python worker too abruptly for it to clean up."""
+    from pyspark import SparkFiles
+
+    spark_folder = os.path.abspath(SparkFiles.getRootDirectory())
+    with tempfile.TemporaryDirectory(prefix="gpt-pipeline-worker-", dir=spark_folder) as scratch:
         result_file = Path(scratch) / "result.json"
         env = {
             **os.environ,

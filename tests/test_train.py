@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import os
 import re
 import shutil
 import signal
@@ -159,11 +160,14 @@ def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup
 def test_the_local_runner_stopped_by_sigterm_leaves_no_training_behind(prepared, tmp_path):
     config, run, _ = fresh_run(prepared, "sigterm", ["train.max_steps=100000"])
     lake_dir = Path(lake.local_path(run)).parent.parent
+    spark_folders = tmp_path / "spark-local"  # where Spark's temporary folders go instead of /tmp
+    spark_folders.mkdir()
     with (tmp_path / "runner.log").open("w") as log:  # a file, not a pipe that nobody reads until the end
         runner = subprocess.Popen(
             [sys.executable, "-m", "include.local_runner", "--run-id", "sigterm", "--set", f"lake={lake_dir}",
              "--stages", "train"],
             cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+            env={**os.environ, "SPARK_LOCAL_DIRS": str(spark_folders)},
         )  # fmt: skip
     deadline = time.monotonic() + 240
     while len(training_processes(run)) < 2:
@@ -177,6 +181,9 @@ def test_the_local_runner_stopped_by_sigterm_leaves_no_training_behind(prepared,
     while run_processes(run):  # the JVM goes at once; its workers follow it
         assert time.monotonic() < deadline, [process.info["cmdline"][:3] for process in run_processes(run)]
         time.sleep(0.2)
+    # spark-submit was stopped with SIGTERM, not killed: Spark's shutdown removed its folders and,
+    # with them, the training workers' scratch folders.
+    assert not list(spark_folders.iterdir())
     assert not lake.exists(lake.stats_uri(run, "train"))
 
 
