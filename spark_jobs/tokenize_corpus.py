@@ -124,6 +124,7 @@ def body(spark, config, run: str) -> dict:
     lake.delete(tokens_uri)
     encode = encode_task(groups, sc.broadcast(tokenizer_json), tokens_uri)
     rows = sc.parallelize(range(len(groups)), len(groups)).flatMap(encode).collect()
+    corpus.check_unchanged(documents, rows)
     timings["encode_s"] = time.perf_counter() - started
 
     # The window check, early: a split without a single window stops the run here. Its warnings

@@ -11,7 +11,7 @@ import pytest
 from spark_jobs.lib import bpe, corpus
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.windows import Piece, check_windows, covered_tokens, cut_windows, plan_windows, window_count, window_starts
-from spark_jobs.tokenize_corpus import encode_tasks
+from spark_jobs.tokenize_corpus import encode_task, encode_tasks
 
 
 def formula(n: int, block_size: int, stride: int) -> int:
@@ -348,3 +348,26 @@ def test_a_literal_end_of_text_in_the_corpus_is_the_separator_token(shakespeare_
     assert ids.count(bpe.separator_id(tokenizer)) == 1
     assert tokenizer.decode(ids, skip_special_tokens=False) == text
     assert tokenizer.decode(ids) == text.replace("<|endoftext|>", "")
+
+
+def test_a_file_rewritten_while_tokenize_reads_it_is_caught_and_one_that_grew_is_not(tmp_path):
+    """The stage's own scan and encoding functions, run here without Spark."""
+    from types import SimpleNamespace
+
+    path = tmp_path / "play.txt"
+    path.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 40)
+    files = [(f"file://{path}", path.stat().st_size)]
+    pieces = corpus.plan_pieces(files, parallelism=2)
+    scans = corpus.scan_pieces(pieces)
+    documents, _, _ = corpus.assess(files, scans, bad_files="fail")
+    documents, _ = corpus.split_validation(documents, 0.1, "tail")
+    tokenizer = SimpleNamespace(value=bpe.train([path.read_text()], 300, 2).to_str())
+    encode = encode_task([encode_tasks(pieces, scans, documents)], tokenizer, f"file://{tmp_path}/tokens")
+
+    corpus.check_unchanged(documents, encode(0))
+    with path.open("a") as grown:
+        grown.write("All:\nSpeak, speak.\n")
+    corpus.check_unchanged(documents, encode(0))
+    path.write_text("A line an editor saved meanwhile.\n" * 30)
+    with pytest.raises(corpus.CorpusChanged, match=rf"corpus file file://{path} changed while tokenize read it"):
+        corpus.check_unchanged(documents, encode(0))

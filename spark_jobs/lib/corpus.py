@@ -21,6 +21,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import posixpath
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -266,6 +267,25 @@ def assess(
             )
         raise PipelineError(f"the corpus has no usable text: every file is bad or empty ({names})")
     return documents, skipped, warnings
+
+
+class CorpusChanged(RuntimeError):
+    """A corpus file changed while the stage read it. Not bad input: a retry, once the file is
+    written, reads it whole."""
+
+
+def check_unchanged(documents: list[Document], rows: list[dict]) -> None:
+    """The encoding read as many characters of each file as the scan did. A file rewritten in
+    between (an editor's save, a sync) would give tokens of other text than the one the split and
+    the counts were made from. A file that only grew is fine: its pieces end where they were cut."""
+    encoded = Counter()
+    for row in rows:
+        encoded[row["doc_id"]] += row["chars"]
+    changed = [doc.path for doc in documents if encoded[doc.doc_id] != doc.chars]
+    if changed:
+        raise CorpusChanged(
+            f"corpus file {name_some(changed)} changed while tokenize read it; run the stage again once it is written"
+        )
 
 
 READ_THREADS = 16  # concurrent reads of the training sample: on S3 each file is a request
