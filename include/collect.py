@@ -222,18 +222,20 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | No
 def remove_old_runs(run_dir: str, hook) -> list[str]:
     """With keep_runs set, remove the lake's run folders of this run's name that collect finished,
     all but the newest keep_runs (this run among them), and return them. Runs without a report
-    (unfinished, or being run again) and runs of other names are left alone; records on S3 stay."""
+    (unfinished, or being run again) and runs of other names are left alone; records on S3 stay.
+    A report without a time (written by an older version) counts as older than any with one."""
     run = RunFolder(run_dir, hook)
     config = from_json(run.read(lake.CONFIG_FILE).decode("utf-8"))
     if config.keep_runs is None:
         return []
-    collected = []
+    others = []
     for folder in run.siblings():
-        report = folder.read_json(REPORT_JSON) if folder.has(REPORT_JSON) else {}
-        if report.get("run_name") == config.run_name and "collected_at" in report:
-            collected.append((report["collected_at"], folder))
-    collected.sort(key=lambda item: item[0], reverse=True)
-    old = [folder for _, folder in collected[config.keep_runs :] if folder.uri != run.uri]
+        if folder.uri == run.uri or not (folder.has(REPORT_JSON) and folder.has(lake.CONFIG_FILE)):
+            continue
+        if folder.read_json(lake.CONFIG_FILE).get("run_name") == config.run_name:
+            others.append((folder.read_json(REPORT_JSON).get("collected_at", ""), folder))
+    others.sort(key=lambda item: item[0], reverse=True)
+    old = [folder for _, folder in others[config.keep_runs - 1 :]]
     for folder in old:
         folder.delete()
     return [folder.uri for folder in old]

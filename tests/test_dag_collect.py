@@ -232,10 +232,15 @@ def test_keep_runs_removes_the_oldest_collected_runs_of_the_run_name(s3, hook, t
     sonnets = finished("sonnets-0", "run_name=sonnets", "keep_runs=2")
     unfinished = finished("books-unfinished", "run_name=books", "keep_runs=2")  # never collected
     without_setting = finished("books-kept", "run_name=books")
-    for run_dir in [sonnets, *books]:
+    legacy = finished("books-legacy", "run_name=books")
+    for run_dir in [sonnets, legacy, *books]:
         collect_record(run_dir, hook, STAGES)
+    # A report of an older version, without the time it was collected: older than any with one.
+    report = RunFolder(legacy, hook).read_json("report.json")
+    del report["collected_at"]
+    RunFolder(legacy, hook).write("report.json", json.dumps(report).encode())
 
-    assert remove_old_runs(books[2], hook) == [books[0]]
+    assert remove_old_runs(books[2], hook) == [books[0], legacy]
     left = [folder.uri for folder in RunFolder(books[2], hook).siblings()]
     assert left == sorted([*books[1:], sonnets, unfinished, without_setting])
     assert record(s3, "books-0")["model/model.keras"] == b"\x00model bytes\xff", "the record on S3 stays"

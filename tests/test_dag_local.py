@@ -137,7 +137,8 @@ def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airfl
     # An older run of the same name that collect finished: keep_runs=1 leaves only the new one.
     older = tmp_path / "lake" / "runs" / "e2e-older"
     (older / "model").mkdir(parents=True)
-    (older / "report.json").write_text(json.dumps({"run_name": "e2e", "collected_at": "2026-01-01T00:00:00+00:00"}))
+    (older / "report.json").write_text(json.dumps({"run": "e2e-older"}))
+    (older / "config.json").write_text(json.dumps({"run_name": "e2e"}))
     overrides = [f"lake={tmp_path / 'lake'}", "keep_runs=1", *SMALL_RUN]
     conf = {"corpus": str(shakespeare_slice), "run_name": "e2e", "overrides": overrides}
     code, output = dags_test(env, conf)
