@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import logging
+import os
 import posixpath
 from datetime import datetime, timezone
 from pathlib import Path
@@ -69,6 +70,12 @@ class RunFolder:
         else:
             lake.write_bytes(uri, data)
 
+    def modified(self, relative: str) -> datetime:
+        uri = lake.join(self.uri, relative)
+        if uri.startswith("s3://"):
+            return self.hook.get_key(uri).last_modified.astimezone(timezone.utc)
+        return datetime.fromtimestamp(os.path.getmtime(lake.local_path(uri)), timezone.utc)
+
     def siblings(self) -> list[RunFolder]:
         """The run folders of the lake, this one among them."""
         runs = posixpath.dirname(self.uri)
@@ -111,7 +118,7 @@ def build_report(run: RunFolder, s3_uri: str, stages: tuple[str, ...]) -> dict:
     return {
         "run": run.name,
         "run_name": config["run_name"],
-        "collected_at": datetime.now(timezone.utc).isoformat(),
+        "collected_at": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
         "run_folder": run.uri,
         "s3_uri": s3_uri,
         "final_val_loss": train.get("final_val_loss"),
@@ -222,8 +229,7 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | No
 def remove_old_runs(run_dir: str, hook) -> list[str]:
     """With keep_runs set, remove the lake's run folders of this run's name that collect finished,
     all but the newest keep_runs (this run among them), and return them. Runs without a report
-    (unfinished, or being run again) and runs of other names are left alone; records on S3 stay.
-    A report without a time (written by an older version) counts as older than any with one."""
+    (unfinished, or being run again) and runs of other names are left alone; records on S3 stay."""
     run = RunFolder(run_dir, hook)
     config = from_json(run.read(lake.CONFIG_FILE).decode("utf-8"))
     if config.keep_runs is None:
@@ -233,12 +239,21 @@ def remove_old_runs(run_dir: str, hook) -> list[str]:
         if folder.uri == run.uri or not (folder.has(REPORT_JSON) and folder.has(lake.CONFIG_FILE)):
             continue
         if folder.read_json(lake.CONFIG_FILE).get("run_name") == config.run_name:
-            others.append((folder.read_json(REPORT_JSON).get("collected_at", ""), folder))
+            others.append((collected_at(folder), folder))
     others.sort(key=lambda item: item[0], reverse=True)
     old = [folder for _, folder in others[config.keep_runs - 1 :]]
     for folder in old:
         folder.delete()
     return [folder.uri for folder in old]
+
+
+def collected_at(run: RunFolder) -> str:
+    """When collect finished the run: its report's time, or for a report without one (written by
+    an older version) the report file's."""
+    report = run.read_json(REPORT_JSON)
+    if "collected_at" in report:
+        return report["collected_at"]
+    return run.modified(REPORT_JSON).isoformat(timespec="microseconds")
 
 
 def latest_folder(config) -> str:

@@ -4,6 +4,10 @@ Airflow connection, against a moto server: from a local run folder and from an s
 from __future__ import annotations
 
 import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
@@ -232,15 +236,12 @@ def test_keep_runs_removes_the_oldest_collected_runs_of_the_run_name(s3, hook, t
     sonnets = finished("sonnets-0", "run_name=sonnets", "keep_runs=2")
     unfinished = finished("books-unfinished", "run_name=books", "keep_runs=2")  # never collected
     without_setting = finished("books-kept", "run_name=books")
-    legacy = finished("books-legacy", "run_name=books")
-    for run_dir in [sonnets, legacy, *books]:
+    for run_dir in [sonnets, *books]:
         collect_record(run_dir, hook, STAGES)
-    # A report of an older version, without the time it was collected: older than any with one.
-    report = RunFolder(legacy, hook).read_json("report.json")
-    del report["collected_at"]
-    RunFolder(legacy, hook).write("report.json", json.dumps(report).encode())
 
-    assert remove_old_runs(books[2], hook) == [books[0], legacy]
+    assert remove_old_runs(books[2], hook) == [books[0]]
+    written = RunFolder(books[1], hook).modified("report.json")  # what stands in for an older report's time
+    assert abs((datetime.now(timezone.utc) - written).total_seconds()) < 60
     left = [folder.uri for folder in RunFolder(books[2], hook).siblings()]
     assert left == sorted([*books[1:], sonnets, unfinished, without_setting])
     assert record(s3, "books-0")["model/model.keras"] == b"\x00model bytes\xff", "the record on S3 stays"
@@ -268,3 +269,19 @@ def test_a_run_folder_half_removed_does_not_look_collected(s3, hook, tmp_path, m
     left = RunFolder(old, hook)
     assert left.has("model/model.keras") and not left.has("report.json")
     assert not lake.exists(lake.stats_uri(old, "train")), "no stage of it looks complete either"
+
+
+def test_reports_of_an_older_version_are_ordered_by_their_files_time(s3, hook, tmp_path):
+    """Their reports hold no collected_at: the report file's time stands in for it."""
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=books", "keep_runs=2"])
+    runs = [lake.run_dir(config, f"books-{name}") for name in ("b-older", "a-newer", "new")]
+    for days_ago, run_dir in zip((20, 10, 0), runs):
+        finished_run(s3, run_dir, run_files(config.to_json()))
+        collect_record(run_dir, hook, STAGES)
+        if days_ago:
+            report = RunFolder(run_dir, hook).read_json("report.json")
+            del report["collected_at"]
+            path = Path(lake.local_path(lake.join(run_dir, "report.json")))
+            path.write_text(json.dumps(report))
+            os.utime(path, (time.time() - days_ago * 86400,) * 2)
+    assert remove_old_runs(runs[2], hook) == [runs[0]]
