@@ -138,11 +138,18 @@ class GenerateConfig(_Section):
     prompt: str  # empty: a new document, from <|endoftext|>
     max_new_tokens: int = Field(ge=1)
     strategy: Literal["greedy", "top_k", "top_p"]
-    temperature: float = Field(gt=0)
+    temperature: float
     top_k: int = Field(ge=1)
     top_p: float = Field(gt=0, le=1)
     seed: int
     num_samples: int = Field(default=1, ge=1, le=100)
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_above_zero(cls, value: float) -> float:
+        if not value > 0:  # NaN included
+            raise ValueError("must be above 0; strategy greedy takes the most likely token every time")
+        return value
 
 
 class EmrConfig(_Section):
