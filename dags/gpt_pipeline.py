@@ -27,6 +27,7 @@ pipeline.yaml (none by default), and whenever the corpus asset is updated.
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 from datetime import datetime, timedelta, timezone
@@ -67,6 +68,8 @@ DAG_ID = "gpt_pipeline"
 CONFIG_PATH = defaults_path()  # include/config/pipeline.yaml unless GPT_PIPELINE_CONFIG names another
 CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form's values
 DAG_SETTINGS = ("target", "schedule")  # they shape the DAG itself, so a run's form cannot change them
+# With target emr the cluster's tasks are built with these when Airflow parses the DAG, too.
+EMR_DAG_SETTINGS = ("emr.aws_conn_id", "emr.region", "emr.poke_interval_seconds")
 # Updated when a run's model becomes latest; the event's extra names the run, its model and the pointer.
 MODEL_ASSET = Asset(name="gpt_pipeline_model", uri=latest_folder(CONFIG))
 
@@ -89,15 +92,21 @@ def form_config() -> tuple[PipelineConfig, str]:
     """This run's config (pipeline.yaml + the trigger form, validated) and its run folder name."""
     context = get_current_context()
     config = load_config(CONFIG_PATH, trigger_form.overrides(dict(context["params"])))
-    for name in DAG_SETTINGS:
-        if getattr(config, name) != getattr(CONFIG, name):
+    for name in DAG_SETTINGS + (EMR_DAG_SETTINGS if CONFIG.target == "emr" else ()):
+        dag_value, run_value = setting(CONFIG, name), setting(config, name)
+        if run_value != dag_value:
             raise ConfigError(
-                f"{name}: this DAG's {name} is {getattr(CONFIG, name)!r}, read from {CONFIG_PATH.name} when Airflow "
-                f"parses the DAG; a run cannot change it (got {getattr(config, name)!r}): edit {CONFIG_PATH.name}"
+                f"{name}: this DAG's {name} is {dag_value!r}, read from {CONFIG_PATH.name} when Airflow "
+                f"parses the DAG; a run cannot change it (got {run_value!r}): edit {CONFIG_PATH.name}"
             )
     changed = stage_graph.changed_settings(CONFIG.model_dump(), config.model_dump())
     log.info("settings from the form: %s", "; ".join(f"{path} = {new!r}" for path, (_, new) in changed.items()) or "none")
     return config, f"{config.run_name}-{context['run_id']}"
+
+
+def setting(config: PipelineConfig, name: str):
+    """The value of a dotted setting name: setting(config, "emr.region")."""
+    return functools.reduce(getattr, name.split("."), config)
 
 
 def check_corpus(config: PipelineConfig, sizes: dict[str, int]) -> None:

@@ -149,7 +149,8 @@ def dags_test(env: dict[str, str], conf: dict) -> bool:
 def read_report(s3: LocalS3, config: PipelineConfig) -> dict:
     """The report of the run collected to this server (each `run` starts with an empty server)."""
     client = s3.client()
-    listing = client.list_objects_v2(Bucket=config.s3.bucket, Prefix=config.s3.prefix.strip("/") + "/")
+    prefix = config.s3.prefix.strip("/")
+    listing = client.list_objects_v2(Bucket=config.s3.bucket, Prefix=f"{prefix}/" if prefix else "")
     reports = [item["Key"] for item in listing.get("Contents", []) if item["Key"].endswith("/" + REPORT_JSON)]
     if len(reports) != 1:
         location = f"s3://{config.s3.bucket}/{config.s3.prefix}/"

@@ -29,6 +29,7 @@ RECORD_FILES = ("config.json", "samples.txt")
 RECORD_FOLDERS = ("stats/", "model/")
 REPORT_JSON, REPORT_TEXT = lake.REPORT_JSON, lake.REPORT_TEXT
 LATEST_FOLDER = "latest"
+REMOVING = "REMOVING"  # in a run folder that prune_runs has begun to remove
 
 
 class RunFolder:
@@ -87,8 +88,10 @@ class RunFolder:
         return [RunFolder(lake.join(runs, path.name), self.hook) for path in sorted(local.iterdir()) if path.is_dir()]
 
     def delete(self) -> None:
-        """The report and the stages' stats go first, so that a folder half removed never looks
+        """A REMOVING marker goes in first, so that a removal that stops halfway is finished by the
+        next one; then the report and the stages' stats, so that a folder half removed never looks
         collected or its stages complete."""
+        self.write(REMOVING, b"")
         markers = (REPORT_JSON, REPORT_TEXT, "stats/")
         if self.uri.startswith("s3://"):
             bucket, prefix = self.hook.parse_s3_url(self.uri)
@@ -229,19 +232,23 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | No
 def remove_old_runs(run_dir: str, hook) -> list[str]:
     """With keep_runs set, remove the lake's run folders of this run's name that collect finished,
     all but the newest keep_runs (this run among them), and return them. Runs without a report
-    (unfinished, or being run again) and runs of other names are left alone; records on S3 stay."""
+    (unfinished, or being run again) and runs of other names are left alone; records on S3 stay.
+    A removal that stopped halfway (its folder holds REMOVING) is finished."""
     run = RunFolder(run_dir, hook)
     config = from_json(run.read(lake.CONFIG_FILE).decode("utf-8"))
     if config.keep_runs is None:
         return []
-    others = []
+    others, unfinished_removals = [], []
     for folder in run.siblings():
-        if folder.uri == run.uri or not (folder.has(REPORT_JSON) and folder.has(lake.CONFIG_FILE)):
+        if folder.uri == run.uri:
             continue
-        if folder.read_json(lake.CONFIG_FILE).get("run_name") == config.run_name:
-            others.append((collected_at(folder), folder))
+        if folder.has(REMOVING):
+            unfinished_removals.append(folder)
+        elif folder.has(REPORT_JSON) and folder.has(lake.CONFIG_FILE):
+            if folder.read_json(lake.CONFIG_FILE).get("run_name") == config.run_name:
+                others.append((collected_at(folder), folder))
     others.sort(key=lambda item: item[0], reverse=True)
-    old = [folder for _, folder in others[config.keep_runs - 1 :]]
+    old = [folder for _, folder in others[config.keep_runs - 1 :]] + unfinished_removals
     for folder in old:
         folder.delete()
     return [folder.uri for folder in old]

@@ -19,7 +19,7 @@ import yaml
 
 from include.spark_submit import STAGES, package_code, spark_submit_argv
 from spark_jobs.lib import lake, memory
-from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
+from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig, defaults_path
 from spark_jobs.lib.errors import PipelineError
 
 CONFIG_DIR = REPO_ROOT / "include" / "config"
@@ -150,9 +150,11 @@ def stage_step(stage: str, config: PipelineConfig, run_id: str) -> dict:
 
 
 def train_budget_steps(config: PipelineConfig) -> int:
-    """Optimizer steps plus validation batches: what the train step's duration grows with."""
+    """Optimizer steps plus validation batches (the last evaluation's at their most): what the
+    train step's duration grows with."""
     evaluations = math.ceil(config.train.max_steps / config.train.eval_interval)
-    return config.train.max_steps + evaluations * config.train.eval_batches
+    last = config.train.final_eval_max_batches
+    return config.train.max_steps + (evaluations - 1) * config.train.eval_batches + last
 
 
 def sensor_limits(stage: str, config: PipelineConfig) -> dict[str, int]:
@@ -172,9 +174,14 @@ def check_sensor_limits(run_config: PipelineConfig, dag_config: PipelineConfig) 
         needed = sensor_limits(stage, run_config)["timeout"]
         allowed = sensor_limits(stage, dag_config)["timeout"]
         if needed > allowed:
+            settings = "emr.step_timeout_minutes"
+            if stage == "train":
+                settings = ("train.max_steps, train.eval_batches, emr.train_seconds_per_step or "
+                            "emr.step_timeout_minutes, or lower train.eval_interval,")  # fmt: skip
             raise ConfigError(
                 f"stage {stage} needs a step time limit of {needed} s with this run's settings, but the DAG's "
-                f"sensor allows {allowed} s: raise train.max_steps or emr.step_timeout_minutes in pipeline.yaml"
+                f"sensor allows {allowed} s: raise {settings} in {defaults_path().name}, which the DAG's sensors "
+                "are set from"
             )
 
 
@@ -187,24 +194,28 @@ def hourly_cost_usd(config: PipelineConfig) -> float:
     return round(master_usd + config.emr.core_instance_count * core_usd, 4)
 
 
-def max_cluster_hours(config: PipelineConfig) -> float:
+def max_cluster_hours(config: PipelineConfig, dag_config: PipelineConfig | None = None) -> float:
     """The longest a cluster can live: every step at its time limit in each of its tries, then the
-    idle timeout (in case Airflow is gone and no one terminates it)."""
-    seconds = (1 + STEP_RETRIES) * sum(sensor_limits(stage, config)["timeout"] for stage in STAGES)
+    idle timeout (in case Airflow is gone and no one terminates it). The time limits in force are
+    the DAG's (`dag_config`), set when Airflow parsed it; a run's own can only be lower."""
+    limits = dag_config or config
+    seconds = (1 + STEP_RETRIES) * sum(sensor_limits(stage, limits)["timeout"] for stage in STAGES)
     return round(seconds / 3600 + config.emr.idle_timeout_minutes / 60, 2)
 
 
-def check_budget(config: PipelineConfig) -> None:
+def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = None) -> None:
     """Stop a run whose cluster could cost more than emr.max_cost_usd, before it exists. The most
-    is the on-demand price for the longest the cluster can live, which its step time limits bound."""
+    is the on-demand price for the longest the cluster can live, which the DAG's step time limits
+    bound."""
     budget = config.emr.max_cost_usd
-    hourly, hours = hourly_cost_usd(config), max_cluster_hours(config)
+    hourly, hours = hourly_cost_usd(config), max_cluster_hours(config, dag_config)
     if budget is not None and hourly * hours > budget:
         raise ConfigError(
             f"emr.max_cost_usd: the cluster may cost up to about ${hourly * hours:,.2f} ({hours:.1f} hours at "
             f"${hourly:.2f} per hour on demand: every step at its time limit in both tries, plus the idle timeout), "
-            f"more than the ${budget:,.2f} allowed; lower train.max_steps, emr.step_timeout_minutes or "
-            "emr.core_instance_count, or raise emr.max_cost_usd"
+            f"more than the ${budget:,.2f} allowed; lower emr.core_instance_count or the instance types, or "
+            f"train.max_steps or emr.step_timeout_minutes in {defaults_path().name} (the DAG's step time limits come "
+            "from there), or raise emr.max_cost_usd"
         )
 
 

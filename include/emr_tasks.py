@@ -39,8 +39,8 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, sta
     log.info("training: %s, of the %s MB a worker has", memory.describe(need), f"{worker_mb:,}")
     request = emr.job_flow_overrides(config, run_id)
     steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in stages}
-    emr.check_budget(config)
-    hourly, hours = emr.hourly_cost_usd(config), emr.max_cluster_hours(config)
+    emr.check_budget(config, dag_config)
+    hourly, hours = emr.hourly_cost_usd(config), emr.max_cluster_hours(config, dag_config)
     log.info("cluster: about $%.2f per hour on demand; at most %.1f hours (about $%.0f) with these limits",
              hourly, hours, hourly * hours)
     s3 = S3Hook(aws_conn_id=config.emr.aws_conn_id)
@@ -166,6 +166,7 @@ def cluster_tasks(config: PipelineConfig, prepared, stages=STAGES, sensor_mode: 
             run_dir=prepared["run_dir"],
             job_flow_id=create.output,
             mode=sensor_mode,
+            deferrable=False,  # its checks of a failed step are in poke, which a trigger would not run
             retries=emr.STEP_RETRIES,
             **emr.sensor_limits(stage, config),
             **aws,

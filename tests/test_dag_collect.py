@@ -269,6 +269,9 @@ def test_a_run_folder_half_removed_does_not_look_collected(s3, hook, tmp_path, m
     left = RunFolder(old, hook)
     assert left.has("model/model.keras") and not left.has("report.json")
     assert not lake.exists(lake.stats_uri(old, "train")), "no stage of it looks complete either"
+    monkeypatch.setattr(lake, "delete", delete)
+    assert remove_old_runs(new, hook) == [old], "the next prune finishes it"
+    assert not lake.exists(old)
 
 
 def test_reports_of_an_older_version_are_ordered_by_their_files_time(s3, hook, tmp_path):
@@ -285,3 +288,16 @@ def test_reports_of_an_older_version_are_ordered_by_their_files_time(s3, hook, t
             path.write_text(json.dumps(report))
             os.utime(path, (time.time() - days_ago * 86400,) * 2)
     assert remove_old_runs(runs[2], hook) == [runs[0]]
+
+
+@pytest.mark.parametrize("prefix", ["", "/", "records/2026"])
+def test_make_run_reads_the_report_collect_wrote_whatever_the_prefix(s3, hook, tmp_path, prefix):
+    from include.airflow_local import read_report
+
+    bucket = f"prefix-{len(prefix)}"
+    s3.client().create_bucket(Bucket=bucket)
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, f"s3.bucket={bucket}", f"s3.prefix={prefix}"])
+    run_dir = lake.run_dir(config, "books-1")
+    finished_run(s3, run_dir, run_files(config.to_json()))
+    report = collect_record(run_dir, hook, STAGES)
+    assert read_report(s3, config) == report

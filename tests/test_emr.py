@@ -203,8 +203,17 @@ def test_train_sensor_limit_follows_the_training_budget():
 def test_a_run_needing_longer_than_the_dags_sensors_is_stopped():
     dag_config = emr_config()
     emr.check_sensor_limits(emr_config("train.max_steps=200"), dag_config)
-    with pytest.raises(ConfigError, match="stage train needs a step time limit of"):
+    with pytest.raises(ConfigError, match="stage train needs a step time limit of .*: raise train.max_steps, "):
         emr.check_sensor_limits(emr_config("train.max_steps=100000"), dag_config)
+    # Other stages' limits depend on emr.step_timeout_minutes alone, and the message says so.
+    with pytest.raises(ConfigError, match=r"stage tokenize needs .*: raise emr.step_timeout_minutes in pipeline.yaml"):
+        emr.check_sensor_limits(emr_config("emr.step_timeout_minutes=120"), dag_config)
+
+
+def test_the_train_time_limit_counts_the_last_evaluation_at_its_most():
+    config = emr_config("train.max_steps=300", "train.eval_interval=100", "train.eval_batches=10")
+    # 300 steps, two evaluations of 10 batches, and the last one over at most 200 batches
+    assert emr.train_budget_steps(config) == 300 + 2 * 10 + 200 == 300 + 20 + config.train.final_eval_max_batches
 
 
 def test_readme_states_the_default_cluster_price():
@@ -291,6 +300,11 @@ def test_a_run_that_could_cost_more_than_the_budget_stops_before_its_cluster_exi
     emr.check_budget(emr_config())  # no budget set
     with pytest.raises(ConfigError, match=rf"emr.max_cost_usd: the cluster may cost up to about \${most:,.2f} .*more than the \$10.00"):
         emr_tasks.prepare(emr_config("emr.max_cost_usd=10"), RUN_ID, emr_config())  # before it uploads anything
+    # A run's shorter time limits do not shorten the DAG's sensors, which were set when it was parsed.
+    shorter = emr_config("emr.step_timeout_minutes=10", "train.max_steps=100", f"emr.max_cost_usd={most - 1}")
+    assert emr.hourly_cost_usd(shorter) * emr.max_cluster_hours(shorter) < most - 1
+    with pytest.raises(ConfigError, match=rf"may cost up to about \${most:,.2f} "):
+        emr_tasks.prepare(shorter, RUN_ID, emr_config())
 
 
 def test_pip_resolves_the_jobs_requirements_within_the_pinned_environment():

@@ -184,14 +184,14 @@ class Cluster(threading.Thread):
 
 
 def run_dag(aws, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), time_limit_s=None,
-            slow_train=False, ends_with=None):
+            slow_train=False, ends_with=None, form: dict | None = None):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     for stage_name in STAGES:
         dag.get_task(stage_name).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
         if time_limit_s:
             dag.get_task(stage_name).timeout = time_limit_s
     with Cluster(aws["s3"], failures, bad_input, hanging, slow_train, ends_with) as cluster:
-        dag_run = dag.test()
+        dag_run = dag.test(run_conf=form)
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     return dag_run, states, cluster.finished
 
@@ -411,6 +411,15 @@ def test_a_bucket_that_does_not_exist_fails_before_any_cluster_exists(airflow_db
     assert aws["emr"].list_clusters()["Clusters"] == []
 
 
+def test_a_run_cannot_move_the_cluster_to_another_region_or_connection(airflow_db, aws, capfd):
+    """The cluster's tasks were built with the DAG's region and connection when Airflow parsed it."""
+    dag_run, states, finished = run_dag(aws, form={"overrides": ["emr.region=us-west-2"]})
+
+    assert "ConfigError: emr.region: this DAG's emr.region is 'us-east-1'" in "".join(capfd.readouterr())
+    assert states["validate_config"] == "failed" and finished == []
+    assert aws["emr"].list_clusters()["Clusters"] == []
+
+
 def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr_defaults):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     config = load_config(overrides=OVERRIDES)
@@ -420,6 +429,7 @@ def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr
             limits["timeout"], limits["max_attempts"], limits["poke_interval"]
         )
         assert sensor.region_name == config.emr.region and sensor.aws_conn_id == config.emr.aws_conn_id
+        assert sensor.deferrable is False  # its checks of a failed step run in poke
         assert sensor.retries == emr.STEP_RETRIES == 1
     assert dag.get_task("train").timeout > dag.get_task("window").timeout
     assert dag.get_task("create_cluster").retries == 0

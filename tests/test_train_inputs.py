@@ -124,3 +124,16 @@ def test_a_warm_up_as_long_as_the_run_is_warned_about(tmp_path, shakespeare_slic
     (message,) = settings_warnings(short)
     assert message.startswith("train.warmup_steps (30) is not below train.max_steps (20): the learning rate rises")
     assert settings_warnings(small_config(tmp_path, shakespeare_slice, ["train.max_steps=31", "train.warmup_steps=30"])) == []
+
+
+def test_the_last_evaluation_covers_the_validation_split_up_to_twenty_evaluations(tmp_path, shakespeare_slice):
+    """Whole on a small corpus (a figure comparable with nanoGPT's); bounded on a large one, whose
+    split could take longer than the train step's time limit foresees."""
+    from types import SimpleNamespace
+
+    from spark_jobs.lib.trainer import Worker
+
+    config = small_config(tmp_path, shakespeare_slice, ["train.batch_size=16", "train.eval_batches=4"])
+    worker = lambda val_windows: SimpleNamespace(config=config, manifest=manifest(val_windows=val_windows))  # noqa: E731
+    assert Worker.final_eval_batches(worker(val_windows=70)) == 5  # ceil(70 / 16): the whole split
+    assert Worker.final_eval_batches(worker(val_windows=1_000_000)) == 80 == config.train.final_eval_max_batches

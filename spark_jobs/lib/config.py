@@ -118,6 +118,9 @@ class ModelConfig(_Section):
     mlp_ratio: int = Field(ge=1)
 
 
+FINAL_EVAL_BATCHES_PER_EVAL = 20
+
+
 class TrainConfig(_Section):
     num_workers: int = Field(ge=1)
     batch_size: int = Field(ge=1)
@@ -132,6 +135,13 @@ class TrainConfig(_Section):
     eval_batches: int = Field(ge=1)
     checkpoint_interval: int = Field(ge=1)
     seed: int
+
+    @property
+    def final_eval_max_batches(self) -> int:
+        """The evaluation after the last step covers the whole validation split, up to this many
+        batches (200 at the defaults, as many as nanoGPT's estimate): a large corpus's split would
+        otherwise take hours, which the train step's time limit could not foresee."""
+        return FINAL_EVAL_BATCHES_PER_EVAL * self.eval_batches
 
 
 class GenerateConfig(_Section):

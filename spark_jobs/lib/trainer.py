@@ -182,9 +182,10 @@ class Worker:
         loss, accuracy = results.mean(axis=0)
         return float(loss), float(accuracy)
 
-    def full_eval_batches(self) -> int:
-        """About one pass over the whole validation split."""
-        return max(1, math.ceil(self.manifest["splits"]["val"]["windows"] / self.config.train.batch_size))
+    def final_eval_batches(self) -> int:
+        """About one pass over the whole validation split, up to 20 x train.eval_batches batches."""
+        whole = max(1, math.ceil(self.manifest["splits"]["val"]["windows"] / self.config.train.batch_size))
+        return min(whole, self.config.train.final_eval_max_batches)
 
     def train(self) -> dict:
         train = self.config.train
@@ -228,10 +229,10 @@ class Worker:
         return self.config.train.batch_size * self.block_size
 
     def record_interval(self, step: int, stats: IntervalStats, seconds: float, last: bool) -> None:
-        """Evaluate (on the whole validation split after the last step) and add the interval's row
-        to stats/epochs.csv."""
+        """Evaluate (on the whole validation split after the last step, within a limit) and add
+        the interval's row to stats/epochs.csv."""
         split = self.manifest["splits"]["val"]
-        val_loss, val_accuracy = self.evaluate(self.full_eval_batches() if last else self.config.train.eval_batches)
+        val_loss, val_accuracy = self.evaluate(self.final_eval_batches() if last else self.config.train.eval_batches)
         row = stats.row(
             epoch=len(self.rows) + 1, step=step, duration_s=seconds, tokens_per_step=self.tokens_per_step,
             learning_rate=float(self.schedule(step - 1)), val_loss=val_loss, val_accuracy=val_accuracy,
