@@ -42,7 +42,7 @@ from include.local_s3 import REGION
 from spark_jobs.lib.config import REPO_ROOT, load_config
 
 DAG_ID = "gpt_pipeline"
-TASKS = ["validate_config", *STAGES, "collect", "promote"]
+TASKS = ["validate_config", *STAGES, "collect", "promote", "prune_runs"]
 USER = "admin"
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
