@@ -198,10 +198,11 @@ def local_files_below(path: str, recursive: bool) -> dict[str, int]:
     files, listed = {}, set()
     for top, folders, names in os.walk(path, onerror=refuse, followlinks=True):
         real = os.path.realpath(top)
-        folders[:] = sorted(folders) if recursive and real not in listed else []
         if real in listed:
+            folders[:] = []
             continue
         listed.add(real)
+        folders[:] = sorted(folders) if recursive else []
         for name in names:
             file = os.path.join(top, name)
             if not os.path.exists(file):
@@ -268,8 +269,10 @@ def file_identity(uri: str) -> object:
 
 
 def goes_through_a_link(uri: str) -> bool:
+    if not uri.startswith("file://"):
+        return False
     path = filesystem(uri)[1]
-    return uri.startswith("file://") and os.path.realpath(path) != path
+    return os.path.realpath(path) != path
 
 
 def run_dir(config: PipelineConfig, run_id: str) -> str:
