@@ -20,7 +20,17 @@ from include import class_archive
 from include.spark_submit import STAGES, local_master, package_code, spark_submit_argv
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib import stages as stage_graph
-from spark_jobs.lib.config import ConfigError, PipelineConfig, add_set_argument, apply_overrides, load_config, validate
+from spark_jobs.lib.config import (
+    ConfigError,
+    PipelineConfig,
+    add_set_argument,
+    apply_overrides,
+    defaults_path,
+    load_config,
+    read_yaml,
+    to_uri,
+    validate,
+)
 from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 
 
@@ -152,12 +162,22 @@ def resolve_config(args: argparse.Namespace) -> PipelineConfig:
     config.json with them applied, so that re-running a stage keeps the run's settings."""
     # The corpus goes in as a dict so that a glob such as *.txt is not read as YAML.
     overrides = args.overrides + ([{"corpus": args.corpus}] if args.corpus else [])
-    config = load_config(args.config, overrides)
     if args.run_id:
-        existing = lake.join(lake.run_dir(config, args.run_id), lake.CONFIG_FILE)
-        if lake.exists(existing):
-            config = validate(apply_overrides(json.loads(lake.read_text(existing)), overrides))
-    return config
+        existing = existing_run_config(args.config, overrides, args.run_id)
+        if existing is not None:  # the overrides are checked against the run's settings, not the defaults
+            return validate(apply_overrides(existing, overrides))
+    return load_config(args.config, overrides)
+
+
+def existing_run_config(config_path: str | None, overrides: list, run_id: str) -> dict | None:
+    """The config.json of run `run_id`, in the lake the defaults and overrides name, if it exists."""
+    settings = apply_overrides(read_yaml(config_path or defaults_path()), overrides)
+    try:
+        lake_uri = to_uri(str(settings.get("lake") or ""))
+    except ValueError:
+        return None  # a bad lake: the config model names it
+    uri = lake.join(lake_uri, "runs", lake.safe_run_id(run_id), lake.CONFIG_FILE)
+    return json.loads(lake.read_text(uri)) if lake.exists(uri) else None
 
 
 def interrupt(_signum, _frame) -> None:

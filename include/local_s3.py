@@ -33,13 +33,18 @@ class LocalS3:
     def __enter__(self) -> LocalS3:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per S3 request
         self.server.start()
-        host, port = self.server.get_host_and_port()
-        self.endpoint_url = f"http://{host}:{port}"
-        # moto keeps its state per process, not per server: drop what an earlier server (or a
-        # test's moto) in this process left, so that every server starts empty.
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST"), timeout=30)
-        for bucket in self.buckets:
-            self.client().create_bucket(Bucket=bucket)
+        try:
+            host, port = self.server.get_host_and_port()
+            self.endpoint_url = f"http://{host}:{port}"
+            # moto keeps its state per process, not per server: drop what an earlier server (or a
+            # test's moto) in this process left, so that every server starts empty.
+            reset = urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST")
+            urllib.request.urlopen(reset, timeout=30)
+            for bucket in self.buckets:
+                self.client().create_bucket(Bucket=bucket)
+        except BaseException:
+            self.server.stop()  # __exit__ does not run when __enter__ fails
+            raise
         return self
 
     def __exit__(self, *exc) -> None:

@@ -42,6 +42,20 @@ def test_a_uri_the_lake_cannot_read_is_named_before_anything_runs(override, fiel
         load_config(overrides=[override])
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [("corpus=2024", r"corpus: Input should be a valid list \(got 2024\)"),
+     ("corpus=[[a.txt]]", "corpus.0: Input should be a valid string"),
+     ("corpus=~nosuchuser/books", "corpus: ~nosuchuser/books: Could not determine home directory"),
+     ("s3.bucket=my bucket", "s3.bucket: 'my bucket' is not an S3 bucket name"),
+     ("corpus=s3://books-*/a.txt", "corpus: 'books-\\*' is not an S3 bucket name: .* \\(and no glob\\)"),
+     ("emr.log_uri=s3://EMR_logs/", "emr.log_uri: 'EMR_logs' is not an S3 bucket name")],
+)  # fmt: skip
+def test_odd_values_get_one_line_naming_the_field_not_a_traceback(override, message):
+    with pytest.raises(ConfigError, match=rf"^invalid configuration: {message}"):
+        load_config(overrides=[override])
+
+
 def test_unknown_keys_are_rejected():
     with pytest.raises(ConfigError, match="data.window_size: unknown key"):
         load_config(overrides=["data.window_size=64"])

@@ -7,7 +7,7 @@ import pytest
 
 from include.spark_submit import STAGES
 from spark_jobs.lib import lake, stages
-from spark_jobs.lib.config import load_config
+from spark_jobs.lib.config import ConfigError, load_config
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import parse_args, run_stage
 from tests.conftest import new_run, small_config
@@ -86,6 +86,19 @@ def test_the_local_runner_keeps_an_existing_runs_settings(tmp_path):
     # A new run starts from the defaults.
     args = local_runner.parse_args(["--run-id", "new", "--set", f"lake={tmp_path / 'lake'}"])
     assert local_runner.resolve_config(args).train.max_steps == load_config().train.max_steps
+
+
+def test_an_existing_run_checks_a_change_against_its_own_settings(tmp_path):
+    """n_head=6 divides this run's embedding.dim of 96, though not the default 128."""
+    from include import local_runner
+
+    new_run(small_config(tmp_path, tmp_path / "c.txt", ["embedding.dim=96", "model.n_head=3"]), "r")
+    args = local_runner.parse_args(["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "model.n_head=6"])
+    config = local_runner.resolve_config(args)
+    assert (config.embedding.dim, config.model.n_head) == (96, 6)
+    bad = local_runner.parse_args(["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "model.n_head=5"])
+    with pytest.raises(ConfigError, match=r"embedding.dim \(96\) must be divisible by model.n_head \(5\)"):
+        local_runner.resolve_config(bad)
 
 
 def test_the_done_line_counts_long_lists_instead_of_printing_them():

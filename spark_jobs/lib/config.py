@@ -37,16 +37,33 @@ MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + 1
 URI_SCHEMES = ("file", "s3")  # what the lake reads and writes (pyarrow) and Spark reads on EMR
 
 
+S3_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def check_bucket_name(bucket: str) -> str:
+    if not S3_BUCKET_NAME.match(bucket):
+        raise ValueError(
+            f"{bucket!r} is not an S3 bucket name: 3 to 63 lowercase letters, digits, '.' and '-', starting and "
+            "ending with a letter or digit (and no glob)"
+        )
+    return bucket
+
+
 def to_uri(path_or_uri: str) -> str:
     """A URI stays as it is; a local path (relative to the repository root) becomes file://."""
     if not path_or_uri.strip():
         raise ValueError("must not be empty")
     if "://" in path_or_uri:
-        scheme = path_or_uri.split("://", 1)[0]
+        scheme, rest = path_or_uri.split("://", 1)
         if scheme not in URI_SCHEMES:
             raise ConfigError(f"unsupported URI scheme {scheme}://; use a local path, file:// or s3://")
+        if scheme == "s3":
+            check_bucket_name(rest.split("/", 1)[0])
         return path_or_uri
-    path = Path(path_or_uri).expanduser()
+    try:
+        path = Path(path_or_uri).expanduser()
+    except RuntimeError as error:  # ~someone who is not a user here
+        raise ValueError(f"{path_or_uri}: {error}") from None
     return "file://" + (path if path.is_absolute() else REPO_ROOT / path).resolve().as_posix()
 
 
@@ -76,9 +93,14 @@ class _Section(BaseModel):
 
 
 class S3Config(_Section):
-    bucket: str = Field(min_length=3)
+    bucket: str
     prefix: str = "runs"
     promote: Literal["always", "if_better"] = "always"
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket_name(cls, value: str) -> str:
+        return check_bucket_name(value)
 
 
 class TokenizerConfig(_Section):
@@ -175,6 +197,11 @@ class EmrConfig(_Section):
     security_configuration: str | None = Field(default=None, min_length=1)
     log_uri: str = Field(pattern=r"^s3://")
     code_prefix: str = Field(pattern=r"^s3://")
+
+    @field_validator("log_uri", "code_prefix")
+    @classmethod
+    def _s3_uri(cls, value: str) -> str:
+        return to_uri(value)
     job_flow_role: str
     service_role: str
     idle_timeout_minutes: int = Field(ge=1, le=10080)
@@ -207,7 +234,9 @@ class PipelineConfig(_Section):
     def _run_name_from_corpus(cls, data: Any) -> Any:
         if isinstance(data, dict) and not data.get("run_name") and data.get("corpus"):
             corpus = data["corpus"]
-            data = {**data, "run_name": corpus_name(corpus if isinstance(corpus, str) else corpus[0])}
+            first = corpus[0] if isinstance(corpus, list) else corpus
+            # A corpus that is not text fails its own field's check; no second complaint here.
+            data = {**data, "run_name": corpus_name(first) if isinstance(first, str) else "corpus"}
         return data
 
     @field_validator("corpus", mode="before")
