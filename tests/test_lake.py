@@ -118,6 +118,13 @@ def test_links_in_a_local_corpus_count_each_file_once(tmp_path):
     both = load_config(overrides=[{"corpus": [str(books / "favourite.txt"), str(books / "austen" / "emma.txt")]}])
     assert lake.corpus_files(both) == {emma: 5}
 
+    # A hidden link to a folder of the corpus (walked first: '_' sorts before letters) and a
+    # hidden dangling link (an editor's lock file) change nothing.
+    (books / "_latest").symlink_to(books / "austen")
+    (books / ".#emma.txt").symlink_to("someone@host.1234:1700000000")
+    for pattern in (books, books / "**" / "*.txt"):
+        assert lake.corpus_files(load_config(overrides=[{"corpus": str(pattern)}])) == wanted, pattern
+
     (books / "gone.txt").symlink_to(tmp_path / "deleted.txt")
     with pytest.raises(PipelineError, match=rf"cannot be listed: .*gone.txt is a link to .*deleted.txt, which does not exist"):
         lake.corpus_files(load_config(overrides=[{"corpus": str(books)}]))

@@ -175,9 +175,12 @@ def expand(pattern: str) -> dict[str, int]:
         return {}
     globs = globs or ["**"]
     recursive = len(globs) > 1 or "**" in globs
-    files = local_files_below(path, recursive) if fs is LOCAL_FILESYSTEM else remote_files_below(fs, path, recursive)
-    matched = {join(folder, relative): size for relative, size in files.items() if matches(relative.split("/"), globs)}
-    return dict(sorted(matched.items()))
+    wanted = lambda relative: matches(relative.split("/"), globs)  # noqa: E731
+    if fs is LOCAL_FILESYSTEM:
+        files = local_files_below(path, recursive, wanted)
+    else:
+        files = {relative: size for relative, size in remote_files_below(fs, path, recursive).items() if wanted(relative)}
+    return dict(sorted((join(folder, relative), size) for relative, size in files.items()))
 
 
 def remote_files_below(fs: pafs.FileSystem, path: str, recursive: bool) -> dict[str, int]:
@@ -186,29 +189,27 @@ def remote_files_below(fs: pafs.FileSystem, path: str, recursive: bool) -> dict[
     return {posixpath.relpath(info.path, path): info.size for info in infos if info.type == pafs.FileType.File}
 
 
-def local_files_below(path: str, recursive: bool) -> dict[str, int]:
-    """{path relative to the folder: size in bytes} of the files below a local folder. Links to
-    folders are followed, but each real folder is listed once: a link back up the tree would
-    otherwise be listed round and round, the same files under ever longer names. A link to a file
-    that does not exist is an error, not a file left out unnoticed."""
+def local_files_below(path: str, recursive: bool, wanted) -> dict[str, int]:
+    """{path relative to the folder: size in bytes} of the `wanted` files below a local folder.
+    Links to folders are followed, except a link to a folder it is itself in, which would list
+    the same files round and round under ever longer names. A wanted name that links to nothing
+    is an error, not a file left out unnoticed."""
+    files: dict[str, int] = {}
 
-    def refuse(error: OSError) -> None:
-        raise error
+    def visit(folder: str, relative: str, real_folders: frozenset[str]) -> None:
+        for entry in sorted(os.scandir(folder), key=lambda entry: entry.name):
+            name = posixpath.join(relative, entry.name) if relative else entry.name
+            if entry.is_dir():  # a link to a folder too
+                real = os.path.realpath(entry.path)
+                if recursive and real not in real_folders:
+                    visit(entry.path, name, real_folders | {real})
+            elif wanted(name):
+                if not os.path.exists(entry.path):
+                    raise FileNotFoundError(f"{entry.path} is a link to {os.readlink(entry.path)}, which does not exist")
+                if entry.is_file():
+                    files[name] = entry.stat().st_size
 
-    files, listed = {}, set()
-    for top, folders, names in os.walk(path, onerror=refuse, followlinks=True):
-        real = os.path.realpath(top)
-        if real in listed:
-            folders[:] = []
-            continue
-        listed.add(real)
-        folders[:] = sorted(folders) if recursive else []
-        for name in names:
-            file = os.path.join(top, name)
-            if not os.path.exists(file):
-                raise FileNotFoundError(f"{file} is a link to {os.readlink(file)}, which does not exist")
-            if os.path.isfile(file):
-                files[os.path.relpath(file, path)] = os.path.getsize(file)
+    visit(path, "", frozenset([os.path.realpath(path)]))
     return files
 
 
