@@ -136,11 +136,13 @@ def body(spark, config, run: str) -> dict:
         bpe.separator_id(tokenizer) if config.data.pack_documents else None,
     )
     check_windows(counts, config.data.block_size, config.data.stride, {doc.doc_id: doc.path for doc in documents})
+    # Counted from the rows rather than the window plan, which with data.pack_documents sees one
+    # sequence per split and counts the separators between files.
     splits = {
         split: {
-            "tokens": counts["splits"][split]["tokens"],
+            "tokens": sum(row["n_tokens"] for row in rows if row["split"] == split),
             "chars": sum(row["chars"] for row in rows if row["split"] == split),
-            "documents": counts["splits"][split]["sequences"],
+            "documents": len({row["doc_id"] for row in rows if row["split"] == split}),
         }
         for split in SPLITS
     }

@@ -233,6 +233,10 @@ def test_packed_documents_use_files_shorter_than_a_window(spark, tmp_path, capsy
         cut = sorted((w for w in windows if w["split"] == split), key=lambda w: w["idx"])
         assert [w["start"] for w in cut] == list(range(0, len(stream) - block_size, stride))
         assert all(w["ids"] == stream[w["start"] : w["start"] + block_size + 1] for w in cut)
+        # tokenize's own counts are the files' and their tokens', whether or not windows pack them
+        counted = lake.read_json(lake.stats_uri(run, "tokenize"))["splits"][split]
+        documents = len({row["doc_id"] for row in mine})
+        assert (counted["documents"], counted["tokens"]) == (documents, len(stream) - documents)
         assert any(separator in w["ids"][1:-1] for w in cut)  # windows run across files
 
 
