@@ -73,6 +73,12 @@ def can_record(folder: Path) -> bool:
         return False
 
 
+def path_option(option: str, path: Path) -> str:
+    """A JVM option naming a file, quoted: the options reach the JVM through SPARK_SUBMIT_OPTS,
+    which Spark's launcher splits at spaces outside quotes, and a checkout's path may hold one."""
+    return f'{option}="{path}"'
+
+
 @contextlib.contextmanager
 def sharing(stage: str, folder: Path = ARCHIVE_DIR) -> Iterator[tuple[str, ...]]:
     """The JVM options for a run of `stage`: use its archive, or record it during this run.
@@ -82,7 +88,7 @@ def sharing(stage: str, folder: Path = ARCHIVE_DIR) -> Iterator[tuple[str, ...]]
     """
     archive = stage_archive(stage, folder)
     if archive is not None:
-        yield (f"-XX:SharedArchiveFile={archive}",)
+        yield (path_option("-XX:SharedArchiveFile", archive),)
         return
     prefix = archive_prefix(stage, folder)  # again only on the one run that records
     if prefix is None or not can_record(folder):  # e.g. a read-only environment: no archive
@@ -92,7 +98,7 @@ def sharing(stage: str, folder: Path = ARCHIVE_DIR) -> Iterator[tuple[str, ...]]
     print(f"{stage}: recording its JVM class archive (once, a few seconds) in {folder}", flush=True)
     try:
         # cds=off: the recording JVM lists every class it cannot archive (signed jars, ...) as a warning.
-        yield (f"-XX:ArchiveClassesAtExit={recording}", "-Xlog:cds=off")
+        yield (path_option("-XX:ArchiveClassesAtExit", recording), "-Xlog:cds=off")
         if recording.exists():
             archive = prefix.with_name(f"{prefix.name}-{recording.stat().st_size}.jsa")
             os.replace(recording, archive)

@@ -21,15 +21,17 @@ def spark_submit(args: list[str], jvm_options: tuple[str, ...]) -> subprocess.Co
 
 
 def test_a_recorded_archive_is_mapped_by_the_next_jvm(tmp_path):
-    with class_archive.sharing("probe", tmp_path) as options:
+    folder = tmp_path / "my checkout" / ".venv"  # a space in the path: one JVM option all the same
+    with class_archive.sharing("probe", folder) as options:
         assert options[0].startswith("-XX:ArchiveClassesAtExit=")
-        assert spark_submit(["--version"], options).returncode == 0
-    archives = list(tmp_path.iterdir())
+        recorded = spark_submit(["--version"], options)
+        assert recorded.returncode == 0, recorded.stderr
+    archives = list(folder.iterdir())
     assert [archive.suffix for archive in archives] == [".jsa"], archives  # no recording left behind
     assert archives[0].stat().st_size > 1_000_000
 
-    with class_archive.sharing("probe", tmp_path) as options:
-        assert options == (f"-XX:SharedArchiveFile={archives[0]}",)
+    with class_archive.sharing("probe", folder) as options:
+        assert options == (f'-XX:SharedArchiveFile="{archives[0]}"',)
         used = spark_submit(["--version"], (*options, "-Xlog:class+load=info"))
     assert used.returncode == 0, used.stderr
     # Spark's own classes now come from the archive, not from its jars.
