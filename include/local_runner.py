@@ -16,6 +16,8 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pyspark
+
 from include import class_archive
 from include.spark_submit import STAGES, local_master, package_code, spark_submit_argv
 from spark_jobs.lib import corpus, lake, memory, storage
@@ -65,6 +67,9 @@ def spark_env(jvm_options: tuple[str, ...] = ()) -> dict[str, str]:
     # Driver and executors run the interpreter of this virtual environment.
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # The pinned pyspark's Spark. Named here, not found by pyspark's find-spark-home script, which
+    # breaks on a space in the interpreter's path.
+    env["SPARK_HOME"] = str(Path(pyspark.__file__).parent)
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     # Locally the driver JVM (spark-submit's own) runs the executors too. With the JDK's vector

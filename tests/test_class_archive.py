@@ -1,4 +1,5 @@
-"""The local Spark JVMs' class-data-sharing archives, with the real spark-submit and JVM."""
+"""How local spark-submit starts: the JVMs' class-data-sharing archives and the environment,
+with the real spark-submit and JVM."""
 
 from __future__ import annotations
 
@@ -89,3 +90,14 @@ def test_no_recording_without_room_for_it(tmp_path, monkeypatch):
     monkeypatch.setattr(class_archive, "MIN_FREE_BYTES", class_archive.shutil.disk_usage(tmp_path).free * 2)
     with class_archive.sharing("probe", tmp_path) as options:
         assert options == ()
+
+
+def test_spark_submit_starts_from_an_interpreter_path_with_a_space(tmp_path):
+    """As from a checkout such as '/home/me/My Projects/gpt-pipeline' (pyspark's own
+    find-spark-home script splits that path; the runner names SPARK_HOME instead)."""
+    python = tmp_path / "My Projects" / "python"
+    python.parent.mkdir()
+    python.symlink_to(sys.executable)
+    env = {**spark_env(), "PYSPARK_PYTHON": str(python), "PYSPARK_DRIVER_PYTHON": str(python)}
+    completed = subprocess.run([SPARK_SUBMIT, "--version"], env=env, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
