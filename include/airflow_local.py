@@ -165,7 +165,13 @@ def latest_pointer(s3: LocalS3, config: PipelineConfig) -> tuple[str, dict]:
     return f"s3://{config.s3.bucket}/{key}", json.loads(body)
 
 
-def print_report(report: dict, pointer_uri: str, pointer: dict) -> None:
+def run_folders(config: PipelineConfig) -> set[str]:
+    """The names of the local lake's run folders, to tell which ones prune_runs removed."""
+    runs = Path(lake.local_path(config.lake), "runs")
+    return {path.name for path in runs.iterdir()} if runs.is_dir() else set()
+
+
+def print_report(report: dict, pointer_uri: str, pointer: dict, removed: list[str] = ()) -> None:
     print(f"\nrun folder:       {report['run_folder']}")
     print(f"report:           {report['run_folder']}/{REPORT_TEXT}")
     print(f"S3 record:        {report['s3_uri']} (served by the moto server, gone when this command ends)")
@@ -174,6 +180,8 @@ def print_report(report: dict, pointer_uri: str, pointer: dict) -> None:
     print(f"val nats/char:    {report['val_nats_per_char']:.4f}")
     for message in report["warnings"]:
         print(f"warning:          {message}")
+    if removed:
+        print(f"keep_runs:        removed {len(removed)} older run folder(s): {name_some(sorted(removed))}")
     print(f"generated sample:\n{report['sample']}")
     model = shlex.quote(lake.local_path(report["run_folder"]) + "/model")
     print(f"\nmore samples:     .venv/bin/python -m spark_jobs.generate --model-dir {model} --prompt 'ROMEO:'")
@@ -203,6 +211,7 @@ def exclusive_home(home: Path, command: str) -> Iterator[None]:
 def run(config: PipelineConfig, conf: dict) -> int:
     with exclusive_home(AIRFLOW_HOME, "make run"), LocalS3(buckets=(config.s3.bucket,)) as s3:
         env = prepare(AIRFLOW_HOME, s3)
+        before = run_folders(config)
         try:
             succeeded = dags_test(env, conf)
         except Stopped:
@@ -212,7 +221,8 @@ def run(config: PipelineConfig, conf: dict) -> int:
         if not succeeded:
             print(f"ERROR the {DAG_ID} run failed; see the task logs above", file=sys.stderr)
             return 1
-        print_report(read_report(s3, config), *latest_pointer(s3, config))
+        removed = sorted(before - run_folders(config))
+        print_report(read_report(s3, config), *latest_pointer(s3, config), removed)
     return 0
 
 

@@ -279,8 +279,9 @@ def test_make_airflow_stops_with_a_task_running_and_leaves_no_process(tmp_path, 
 def test_the_run_summary_rounds_the_losses(capsys):
     report = {"run_folder": "file:///lake/runs/r", "s3_uri": "s3://b/runs/r/", "final_val_loss": 4.378682374954224,
               "val_nats_per_char": 1.7099787123061774, "warnings": ["a file is short"], "sample": "ROMEO: hark"}  # fmt: skip
-    airflow_local.print_report(report, "s3://b/runs/latest/r.json", {"model": "s3://b/runs/r/model/"})
+    airflow_local.print_report(report, "s3://b/runs/latest/r.json", {"model": "s3://b/runs/r/model/"}, ["r-1", "r-0"])
     out = capsys.readouterr().out
+    assert "keep_runs:        removed 2 older run folder(s): r-0, r-1\n" in out
     assert "run folder:       file:///lake/runs/r\nreport:           file:///lake/runs/r/report.md\n" in out
     assert "final val loss:   4.3787 nats/token\nval nats/char:    1.7100\nwarning:          a file is short\n" in out
     assert "generated sample:\nROMEO: hark\n" in out
