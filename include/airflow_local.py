@@ -23,7 +23,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
@@ -171,7 +171,7 @@ def run_folders(config: PipelineConfig) -> set[str]:
     return {path.name for path in runs.iterdir()} if runs.is_dir() else set()
 
 
-def print_report(report: dict, pointer_uri: str, pointer: dict, removed: list[str] = ()) -> None:
+def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterable[str] = ()) -> None:
     print(f"\nrun folder:       {report['run_folder']}")
     print(f"report:           {report['run_folder']}/{REPORT_TEXT}")
     print(f"S3 record:        {report['s3_uri']} (served by the moto server, gone when this command ends)")
@@ -221,8 +221,7 @@ def run(config: PipelineConfig, conf: dict) -> int:
         if not succeeded:
             print(f"ERROR the {DAG_ID} run failed; see the task logs above", file=sys.stderr)
             return 1
-        removed = sorted(before - run_folders(config))
-        print_report(read_report(s3, config), *latest_pointer(s3, config), removed)
+        print_report(read_report(s3, config), *latest_pointer(s3, config), before - run_folders(config))
     return 0
 
 

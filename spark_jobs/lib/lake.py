@@ -177,16 +177,17 @@ def expand(pattern: str) -> dict[str, int]:
     recursive = len(globs) > 1 or "**" in globs
     wanted = lambda relative: matches(relative.split("/"), globs)  # noqa: E731
     if fs is LOCAL_FILESYSTEM:
-        files = local_files_below(path, recursive, wanted)
+        below = local_files_below(path, recursive, wanted)
     else:
-        files = {relative: size for relative, size in remote_files_below(fs, path, recursive).items() if wanted(relative)}
-    return dict(sorted((join(folder, relative), size) for relative, size in files.items()))
+        below = remote_files_below(fs, path, recursive, wanted)
+    return dict(sorted((join(folder, relative), size) for relative, size in below.items()))
 
 
-def remote_files_below(fs: pafs.FileSystem, path: str, recursive: bool) -> dict[str, int]:
-    """{path relative to the folder: size in bytes} of the files below a folder of an object store."""
+def remote_files_below(fs: pafs.FileSystem, path: str, recursive: bool, wanted) -> dict[str, int]:
+    """{path relative to the folder: size in bytes} of the `wanted` files below an object store's folder."""
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=recursive))
-    return {posixpath.relpath(info.path, path): info.size for info in infos if info.type == pafs.FileType.File}
+    relative = {posixpath.relpath(info.path, path): info.size for info in infos if info.type == pafs.FileType.File}
+    return {name: size for name, size in relative.items() if wanted(name)}
 
 
 def local_files_below(path: str, recursive: bool, wanted) -> dict[str, int]:
