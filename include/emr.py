@@ -206,8 +206,8 @@ def max_cluster_hours(config: PipelineConfig, dag_config: PipelineConfig | None 
 def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = None) -> None:
     """Stop a run whose cluster could cost more than emr.max_cost_usd, before it exists. The most
     is the on-demand price for the longest the cluster can live, which the DAG's step time limits
-    bound."""
-    budget = config.emr.max_cost_usd
+    bound. The budget is the DAG's too: a run may lower it for itself, not raise or clear it."""
+    budget = lowest_budget(config.emr.max_cost_usd, (dag_config or config).emr.max_cost_usd)
     hourly, hours = hourly_cost_usd(config), max_cluster_hours(config, dag_config)
     if budget is not None and hourly * hours > budget:
         raise ConfigError(
@@ -215,8 +215,13 @@ def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = Non
             f"${hourly:.2f} per hour on demand: every step at its time limit in both tries, plus the idle timeout), "
             f"more than the ${budget:,.2f} allowed; lower emr.core_instance_count or the instance types, or "
             f"train.max_steps or emr.step_timeout_minutes in {defaults_path().name} (the DAG's step time limits come "
-            "from there), or raise emr.max_cost_usd"
+            "from there), or raise emr.max_cost_usd there"
         )
+
+
+def lowest_budget(*budgets: float | None) -> float | None:
+    """The strictest of the budgets set (None: no budget)."""
+    return min((budget for budget in budgets if budget is not None), default=None)
 
 
 def cluster_record(emr_client, cluster_id: str, config: PipelineConfig) -> dict:

@@ -174,5 +174,6 @@ def cluster_tasks(config: PipelineConfig, prepared, stages=STAGES, sensor_mode: 
         previous >> run
         previous = run
     terminate = EmrTerminateJobFlowOperator(task_id="terminate_cluster", job_flow_id=create.output, **aws)
-    previous >> terminate.as_teardown(setups=create)
+    # A failed terminate fails the run (a teardown's state does not count otherwise): the cluster may still be up.
+    previous >> terminate.as_teardown(setups=create, on_failure_fail_dagrun=True)
     return create, previous, terminate

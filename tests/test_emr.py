@@ -305,6 +305,11 @@ def test_a_run_that_could_cost_more_than_the_budget_stops_before_its_cluster_exi
     assert emr.hourly_cost_usd(shorter) * emr.max_cluster_hours(shorter) < most - 1
     with pytest.raises(ConfigError, match=rf"may cost up to about \${most:,.2f} "):
         emr_tasks.prepare(shorter, RUN_ID, emr_config())
+    # The DAG's budget binds every run: a run's form cannot raise or clear it, only lower it.
+    capped = emr_config(f"emr.max_cost_usd={most - 1}")
+    for raised in (emr_config(f"emr.max_cost_usd={most * 100}"), emr_config("emr.max_cost_usd=null")):
+        with pytest.raises(ConfigError, match=rf"more than the \${most - 1:,.2f} allowed"):
+            emr_tasks.prepare(raised, RUN_ID, capped)
 
 
 def test_pip_resolves_the_jobs_requirements_within_the_pinned_environment():

@@ -20,6 +20,7 @@ import pytest
 import requests
 import yaml
 from moto.core import DEFAULT_ACCOUNT_ID
+from moto.emr.exceptions import ValidationException
 from moto.emr.models import emr_backends
 from moto.emr.responses import ElasticMapReduceResponse
 from moto.server import ThreadedMotoServer
@@ -186,9 +187,10 @@ class Cluster(threading.Thread):
 def run_dag(aws, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), time_limit_s=None,
             slow_train=False, ends_with=None, form: dict | None = None):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
-    for stage_name in STAGES:
-        dag.get_task(stage_name).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
-        if time_limit_s:
+    for task_id in (*STAGES, "terminate_cluster"):
+        dag.get_task(task_id).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
+    if time_limit_s:
+        for stage_name in STAGES:
             dag.get_task(stage_name).timeout = time_limit_s
     with Cluster(aws["s3"], failures, bad_input, hanging, slow_train, ends_with) as cluster:
         dag_run = dag.test(run_conf=form)
@@ -358,6 +360,18 @@ def test_a_cluster_that_ended_fails_the_stage_at_once_with_the_clusters_reason(a
     assert f"bootstrap logs: s3://gpt-pipeline/emr-logs/{cluster_id}/node/" in logged
     assert step_states(aws) == [("tokenize", "CANCELLED")]
     assert states["terminate_cluster"] == "success"
+
+
+def test_a_cluster_that_could_not_be_terminated_fails_the_run(airflow_db, aws, monkeypatch):
+    def refused(self):
+        raise ValidationException("User is not authorized to perform elasticmapreduce:TerminateJobFlows")
+
+    monkeypatch.setattr(ElasticMapReduceResponse, "terminate_job_flows", refused)
+    dag_run, states, finished = run_dag(aws)
+
+    assert finished == list(STAGES) and states["promote"] == "success"
+    assert states["terminate_cluster"] == "failed" and dag_run.state == "failed"  # someone must see the cluster is up
+    assert only_cluster(aws)["Status"]["State"] != "TERMINATED"
 
 
 def test_a_step_out_of_time_fails_its_task_without_a_retry(airflow_db, aws):
