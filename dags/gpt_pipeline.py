@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import tempfile
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from pathlib import Path
 
 from airflow.sdk import (
@@ -212,7 +212,6 @@ with DAG(
     description="Train a GPT-style model: Spark preprocessing, multi-worker TensorFlow, record to S3",
     doc_md=__doc__,
     schedule=retraining_schedule(CONFIG),
-    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
     max_active_runs=1,
     params=trigger_form.params(read_yaml(CONFIG_PATH)),

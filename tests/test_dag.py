@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import importlib
+import runpy
+from datetime import datetime, timedelta, timezone
 
 import pytest
+import yaml
 from airflow.dag_processing.dagbag import DagBag
 from airflow.sdk import AssetOrTimeSchedule
 
 from include import trigger_form
 from include.spark_submit import STAGES
-from spark_jobs.lib.config import REPO_ROOT, ConfigError, load_config, read_yaml
+from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, REPO_ROOT, ConfigError, apply_overrides, load_config, read_yaml
 
 DAG_ID = "gpt_pipeline"
 PIPELINE = ["validate_config", *STAGES, "collect", "promote"]
@@ -85,6 +88,19 @@ def test_schedule_from_config_adds_a_cron_or_preset_to_the_corpus_asset(dag_modu
     assert schedule.timetable.expression == "0 0 * * 0"
     with pytest.raises(ConfigError, match=r"schedule: .*\(got 'every monday'\)"):
         dag_module.retraining_schedule(load_config(overrides=["schedule=every monday"]))
+
+
+def test_a_new_schedule_waits_for_its_next_time_instead_of_starting_a_run_at_once(tmp_path, monkeypatch):
+    """Turning a schedule on (or deploying the DAG with one) must not start a run, and on EMR a cluster, at once."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    weekly = tmp_path / "pipeline.yaml"
+    weekly.write_text(yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"schedule": "@weekly"})))
+    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(weekly))
+    dag = DagSerialization.from_dict(DagSerialization.to_dict(runpy.run_path(str(REPO_ROOT / "dags" / "gpt_pipeline.py"))["dag"]))
+    first = dag.next_dagrun_info(last_automated_run_info=None)
+    assert datetime.now(timezone.utc) < first.run_after <= datetime.now(timezone.utc) + timedelta(weeks=1)
+    assert first.run_after.weekday() == 6 and (first.run_after.hour, first.run_after.minute) == (0, 0)  # Sunday 00:00 UTC
 
 
 def test_form_shows_the_yaml_defaults(dag):
