@@ -71,6 +71,15 @@ class RunFolder:
         else:
             lake.write_bytes(uri, data)
 
+    def remove(self, relative: str) -> None:
+        """Remove one file of the folder, if it is there."""
+        uri = lake.join(self.uri, relative)
+        if uri.startswith("s3://"):
+            bucket, key = self.hook.parse_s3_url(uri)
+            self.hook.delete_objects(bucket, [key])
+        else:
+            lake.delete(uri)
+
     def modified(self, relative: str) -> datetime:
         uri = lake.join(self.uri, relative)
         if uri.startswith("s3://"):

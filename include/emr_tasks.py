@@ -86,6 +86,8 @@ class EmrStageSensor(EmrStepSensor):
     def current_step(self, name: str) -> str:
         newest = next(iter(self.stage_steps()), None)
         if newest is None or (newest["Status"]["State"] in self.failed_states and newest["Name"] != name):
+            self.check_cluster_running()  # EMR refuses a step on a cluster that ended: say why, without the retry
+            self.run_folder().remove(lake.error_path(self.stage))  # an earlier try's error is not this step's
             (step_id,) = self.hook.add_job_flow_steps(job_flow_id=self.job_flow_id, steps=[{**self.step, "Name": name}])
             self.log.info("added step %s (%s) to cluster %s", step_id, name, self.job_flow_id)
             return step_id
@@ -112,7 +114,8 @@ class EmrStageSensor(EmrStepSensor):
 
     def check_cluster_running(self) -> None:
         """A cluster that ended (a failed bootstrap, lost nodes, terminated by hand or after its idle
-        timeout) cancels its steps: say why, and fail without the retry, which has no cluster to run on."""
+        timeout) cancels its steps and takes no more: say why, and fail without the retry, which has
+        no cluster to run on."""
         try:
             cluster = self.hook.conn.describe_cluster(ClusterId=self.job_flow_id)["Cluster"]
         except Exception as error:  # the step's failure is still reported and raised

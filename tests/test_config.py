@@ -80,6 +80,10 @@ def test_cross_field_rules():
         load_config(overrides=["target=emr"])
     with pytest.raises(ConfigError, match=r"lake must be a local path or file:// URI for target local \(local Spark reads no s3://\)"):
         load_config(overrides=["lake=s3://bucket/lake"])
+    emr = ["target=emr", "lake=s3://bucket/lake", "emr.poke_interval_seconds=120"]
+    with pytest.raises(ConfigError, match=r"emr.idle_timeout_minutes \(6\) must be at least 7: a stage's step is added up to emr.poke_interval_seconds \(120\)"):
+        load_config(overrides=[*emr, "emr.idle_timeout_minutes=6"])
+    assert load_config(overrides=[*emr, "emr.idle_timeout_minutes=7"]).emr.idle_timeout_minutes == 7
 
 
 def test_overrides_parse_yaml_values_and_globs_stay_strings():

@@ -345,6 +345,17 @@ class FakeEmr:
         self.added += [step["Name"] for step in steps]
         return [f"s-new-{len(self.added)}"]
 
+    def describe_cluster(self, ClusterId: str) -> dict:  # noqa: N803 - boto3's name
+        return {"Cluster": {"Status": {"State": "WAITING"}}}
+
+
+class FakeRunFolder:
+    def __init__(self):
+        self.removed: list[str] = []
+
+    def remove(self, relative: str) -> None:
+        self.removed.append(relative)
+
 
 @pytest.mark.parametrize(
     "steps, try_number, waits_on, adds",
@@ -364,8 +375,11 @@ def test_a_stage_task_adds_a_step_only_when_its_try_has_none_to_wait_on(steps, t
     sensor = emr_tasks.EmrStageSensor(task_id="window", stage="window", step={"Name": "window", "HadoopJarStep": {}},
                                       run_dir="s3://lake/runs/r", job_flow_id="j-1")  # fmt: skip
     sensor.__dict__["hook"] = cluster = FakeEmr(steps)  # in place of the cached EmrHook
+    run = FakeRunFolder()
+    sensor.run_folder = lambda: run
     assert sensor.current_step(emr_tasks.step_name("window", try_number)) == waits_on
     assert cluster.added == ([adds] if adds else [])
+    assert run.removed == (["errors/window.json"] if adds else [])  # a new step starts without an earlier try's error
 
 
 def test_training_progress_reads_as_a_line_of_the_task_log():

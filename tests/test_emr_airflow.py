@@ -110,13 +110,14 @@ class Cluster(threading.Thread):
     """Plays the EMR cluster: finishes every added step in order, as its stage would. `failures`
     maps a stage to how many of its steps fail, each leaving its error in the run folder as the
     stage does (bad input when `bad_input`); a completed step writes its stage's marker. The steps
-    of the stages in `hanging` run forever."""
+    of the stages in `hanging` run forever. With `ends_with`, the cluster ends with that reason once
+    it has a step, or, with `ends_after` too, once that stage's step has completed."""
 
     def __init__(self, s3, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), slow_train=False,
-                 ends_with: str | None = None):  # fmt: skip
+                 ends_with: str | None = None, ends_after: str | None = None):  # fmt: skip
         super().__init__(daemon=True)
         self.s3, self.failures, self.bad_input, self.hanging = s3, dict(failures or {}), bad_input, hanging
-        self.slow_train, self.train_started, self.ends_with = slow_train, None, ends_with
+        self.slow_train, self.train_started, self.ends_with, self.ends_after = slow_train, None, ends_with, ends_after
         self.finished: list[str] = []
         self.stop = threading.Event()
 
@@ -124,8 +125,11 @@ class Cluster(threading.Thread):
         backend = emr_backends[DEFAULT_ACCOUNT_ID][REGION]
         while not self.stop.is_set():
             for cluster in list(backend.clusters.values()):
-                if self.ends_with and cluster.steps and cluster.state != "TERMINATED_WITH_ERRORS":
-                    self.end(cluster)
+                if self.ends_with and cluster.steps and cluster.state not in ("TERMINATED", "TERMINATED_WITH_ERRORS"):
+                    if self.ends_after is None:
+                        self.end(cluster)
+                    elif self.ends_after in self.finished:
+                        cluster.state, cluster.last_state_change_reason = "TERMINATED", self.ends_with
                 for step in cluster.steps:
                     if step.state in ("PENDING", "RUNNING"):
                         self.finish(step)
@@ -185,14 +189,14 @@ class Cluster(threading.Thread):
 
 
 def run_dag(aws, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), time_limit_s=None,
-            slow_train=False, ends_with=None, form: dict | None = None):
+            slow_train=False, ends_with=None, ends_after=None, form: dict | None = None):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     for task_id in (*STAGES, "terminate_cluster"):
         dag.get_task(task_id).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
     if time_limit_s:
         for stage_name in STAGES:
             dag.get_task(stage_name).timeout = time_limit_s
-    with Cluster(aws["s3"], failures, bad_input, hanging, slow_train, ends_with) as cluster:
+    with Cluster(aws["s3"], failures, bad_input, hanging, slow_train, ends_with, ends_after) as cluster:
         dag_run = dag.test(run_conf=form)
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     return dag_run, states, cluster.finished
@@ -360,6 +364,28 @@ def test_a_cluster_that_ended_fails_the_stage_at_once_with_the_clusters_reason(a
     assert f"bootstrap logs: s3://gpt-pipeline/emr-logs/{cluster_id}/node/" in logged
     assert step_states(aws) == [("tokenize", "CANCELLED")]
     assert states["terminate_cluster"] == "success"
+
+
+def test_a_cluster_that_ended_between_steps_fails_the_next_stage_at_once_before_adding_its_step(airflow_db, aws, capfd):
+    reason = "Cluster was terminated after being idle for 1 minute"
+    dag_run, states, finished = run_dag(aws, ends_with=reason, ends_after="tokenize")
+
+    assert states["tokenize"] == "success" and states["window"] == "failed" and dag_run.state == "failed", states
+    assert dag_run.get_task_instance("window").try_number == 1
+    assert f"AirflowFailException: window: cluster {only_cluster(aws)['Id']} ended (TERMINATED): {reason}" in "".join(
+        capfd.readouterr()
+    )
+    assert step_states(aws) == [("tokenize", "COMPLETED")]  # EMR would refuse the step; none was sent
+
+
+def test_a_retried_step_does_not_report_the_previous_trys_error_as_its_own(airflow_db, aws):
+    dag_run, states, finished = run_dag(aws, failures={"window": 1})
+
+    assert dag_run.state == "success", states
+    config = load_config(overrides=OVERRIDES)
+    run_dir = lake.run_dir(config, f"{config.run_name}-{dag_run.run_id}")
+    with pytest.raises(aws["s3"].exceptions.NoSuchKey):
+        s3_bytes(aws, lake.join(run_dir, lake.error_path("window")))
 
 
 def test_a_cluster_that_could_not_be_terminated_fails_the_run(airflow_db, aws, monkeypatch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import posixpath
 import re
@@ -197,11 +198,6 @@ class EmrConfig(_Section):
     security_configuration: str | None = Field(default=None, min_length=1)
     log_uri: str = Field(pattern=r"^s3://")
     code_prefix: str = Field(pattern=r"^s3://")
-
-    @field_validator("log_uri", "code_prefix")
-    @classmethod
-    def _s3_uri(cls, value: str) -> str:
-        return to_uri(value)
     job_flow_role: str
     service_role: str
     idle_timeout_minutes: int = Field(ge=1, le=10080)
@@ -211,6 +207,16 @@ class EmrConfig(_Section):
     step_timeout_minutes: int = Field(ge=1)
     train_seconds_per_step: float = Field(gt=0)
     poke_interval_seconds: int = Field(ge=1)
+
+    @field_validator("log_uri", "code_prefix")
+    @classmethod
+    def _s3_uri(cls, value: str) -> str:
+        return to_uri(value)
+
+    def shortest_idle_timeout_minutes(self) -> int:
+        """Between two steps the cluster idles for up to a poke interval plus Airflow's scheduling
+        delay (5 minutes allowed for it): a shorter idle timeout would end the cluster there."""
+        return math.ceil((self.poke_interval_seconds + 300) / 60)
 
 
 class PipelineConfig(_Section):
@@ -276,6 +282,13 @@ class PipelineConfig(_Section):
         if self.target == "local" and self.lake.startswith("s3://"):
             raise ValueError(f"lake must be a local path or file:// URI for target local (local Spark reads no s3://), "
                              f"got {self.lake!r}")
+        if self.target == "emr" and self.emr.idle_timeout_minutes < self.emr.shortest_idle_timeout_minutes():
+            raise ValueError(
+                f"emr.idle_timeout_minutes ({self.emr.idle_timeout_minutes}) must be at least "
+                f"{self.emr.shortest_idle_timeout_minutes()}: a stage's step is added up to emr.poke_interval_seconds "
+                f"({self.emr.poke_interval_seconds}) and Airflow's scheduling delay after the one before ends, and the "
+                "cluster would terminate itself in between"
+            )
         if self.target == "emr" and self.emr.core_instance_count < self.train.num_workers:
             raise ValueError(
                 f"emr.core_instance_count ({self.emr.core_instance_count}) must be at least train.num_workers "
