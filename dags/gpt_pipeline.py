@@ -27,7 +27,6 @@ pipeline.yaml (none by default), and whenever the corpus asset is updated.
 
 from __future__ import annotations
 
-import functools
 import logging
 import tempfile
 from datetime import timedelta
@@ -58,7 +57,9 @@ from include.schedule import cron_timetable
 from include.spark_submit import STAGES, package_code
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib import stages as stage_graph
-from spark_jobs.lib.config import ConfigError, PipelineConfig, defaults_path, from_json, load_config, read_yaml
+from spark_jobs.lib.config import (
+    DAG_SETTINGS, ConfigError, PipelineConfig, defaults_path, from_json, load_config, read_yaml, setting,
+)
 from spark_jobs.lib.errors import name_some
 from spark_jobs.lib.stage import load_run_config
 
@@ -67,7 +68,6 @@ log = logging.getLogger(__name__)
 DAG_ID = "gpt_pipeline"
 CONFIG_PATH = defaults_path()  # include/config/pipeline.yaml unless GPT_PIPELINE_CONFIG names another
 CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form's values
-DAG_SETTINGS = ("target", "schedule")  # they shape the DAG itself, so a run's form cannot change them
 # With target emr the cluster's tasks are built with these when Airflow parses the DAG, too.
 EMR_DAG_SETTINGS = ("emr.aws_conn_id", "emr.region", "emr.poke_interval_seconds")
 # Updated when a run's model becomes latest; the event's extra names the run, its model and the pointer.
@@ -93,7 +93,7 @@ def form_config() -> tuple[PipelineConfig, str]:
     context = get_current_context()
     config = load_config(CONFIG_PATH, trigger_form.overrides(dict(context["params"])))
     for name in DAG_SETTINGS + (EMR_DAG_SETTINGS if CONFIG.target == "emr" else ()):
-        dag_value, run_value = setting(CONFIG, name), setting(config, name)
+        dag_value, run_value = setting(CONFIG.model_dump(), name), setting(config.model_dump(), name)
         if run_value != dag_value:
             raise ConfigError(
                 f"{name}: this DAG's {name} is {dag_value!r}, read from {CONFIG_PATH.name} when Airflow "
@@ -102,11 +102,6 @@ def form_config() -> tuple[PipelineConfig, str]:
     changed = stage_graph.changed_settings(CONFIG.model_dump(), config.model_dump())
     log.info("settings from the form: %s", "; ".join(f"{path} = {new!r}" for path, (_, new) in changed.items()) or "none")
     return config, f"{config.run_name}-{context['run_id']}"
-
-
-def setting(config: PipelineConfig, name: str):
-    """The value of a dotted setting name: setting(config, "emr.region")."""
-    return functools.reduce(getattr, name.split("."), config)
 
 
 def check_corpus(config: PipelineConfig, sizes: dict[str, int]) -> None:

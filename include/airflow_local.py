@@ -33,7 +33,8 @@ from include.local_s3 import LocalS3
 from include.schedule import cron_timetable
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib.config import (
-    REPO_ROOT, ConfigError, PipelineConfig, apply_overrides, defaults_path, load_config, read_yaml,
+    DAG_SETTINGS, REPO_ROOT, ConfigError, PipelineConfig, apply_overrides, defaults_path, load_config, read_yaml,
+    setting,
 )
 from spark_jobs.lib.errors import PipelineError, name_some
 
@@ -302,12 +303,13 @@ def check_dag_settings(overrides: list[str]) -> None:
             "target 'local', their S3 a moto server on this machine; run target 'emr' from an Airflow with "
             "an AWS connection (README: Running on AWS EMR)"
         )
-    if settings.get("schedule") != defaults.get("schedule"):
-        raise PipelineError(
-            f"schedule: {settings.get('schedule')!r} (from SET): the DAG's schedule is read from "
-            f"{defaults_path().name} when Airflow parses the DAG, so a run cannot change it; set it there, and "
-            "`make airflow`'s scheduler follows it"
-        )
+    for name in DAG_SETTINGS:
+        if name != "target" and setting(settings, name) != setting(defaults, name):  # any target but emr: the model's
+            raise PipelineError(
+                f"{name}: {setting(settings, name)!r} (from SET): the DAG's {name} is read from "
+                f"{defaults_path().name} when Airflow parses the DAG, so a run cannot change it; set it there, and "
+                "`make airflow` follows it"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

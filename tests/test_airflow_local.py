@@ -71,6 +71,8 @@ def test_settings_of_the_dag_itself_from_set_are_refused_before_airflow_starts(t
     assert "target: Input should be 'local' or 'emr' (got 'emrr')" in capsys.readouterr().err
     assert airflow_local.main(["run", "--overrides", "schedule=@daily"]) == 2
     assert "ERROR schedule: '@daily' (from SET): the DAG's schedule is read from pipeline.yaml" in capsys.readouterr().err
+    assert airflow_local.main(["run", "--overrides", "s3.bucket=other-bucket"]) == 2  # the model asset's URI
+    assert "ERROR s3.bucket: 'other-bucket' (from SET): the DAG's s3.bucket is read from pipeline.yaml" in capsys.readouterr().err
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 

@@ -82,10 +82,10 @@ def last_run_states(home) -> tuple[str, str, dict[str, str]]:
      ({"overrides": ["schedule=@daily"]},
       "ConfigError: schedule: this DAG's schedule is None, read from pipeline.yaml when Airflow parses the DAG; "
       "a run cannot change it (got '@daily')"),
-     ({"overrides": ["s3.bucket=no-such-bucket"]},
-      "PipelineError: s3.bucket: bucket 'no-such-bucket' does not exist or is not accessible through the Airflow "
-      "connection aws_default")],
-    ids=["bad value", "model too big for this machine", "schedule", "record bucket"],
+     ({"overrides": ["s3.prefix=elsewhere"]},
+      "ConfigError: s3.prefix: this DAG's s3.prefix is 'runs', read from pipeline.yaml when Airflow parses the DAG; "
+      "a run cannot change it (got 'elsewhere')")],
+    ids=["bad value", "model too big for this machine", "schedule", "record prefix"],
 )  # fmt: skip
 def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, tmp_path, form, message):
     env, _, home = local_airflow

@@ -8,6 +8,7 @@ raises ConfigError naming the field.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -312,6 +313,18 @@ def _describe(error: ValidationError) -> str:
         # A check across fields (loc empty) names its fields itself.
         lines.append(f"{field}: {message}" if field else message)
     return "invalid configuration: " + "; ".join(lines)
+
+
+# Read from pipeline.yaml when Airflow parses the DAG, so a run (its form, SET) cannot change them:
+# they shape the DAG itself (its tasks, its schedule, the model asset's URI).
+DAG_SETTINGS = ("target", "schedule", "s3.bucket", "s3.prefix")
+
+
+def setting(data: dict, name: str) -> Any:
+    """The value of a dotted setting name in a config's data (None where there is none):
+    setting(data, "emr.region")."""
+    return functools.reduce(lambda section, key: section.get(key) if isinstance(section, dict) else None,
+                            name.split("."), data)  # fmt: skip
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
