@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.sdk import Param
+from pydantic import TypeAdapter
 
-from spark_jobs.lib.config import ConfigError
+from spark_jobs.lib.config import ConfigError, field_annotation
 
 # Param name -> (config field, description)
 FIELDS: dict[str, tuple[str, str]] = {
@@ -38,9 +39,10 @@ FIELDS: dict[str, tuple[str, str]] = {
 }
 OVERRIDES = "overrides"
 # Text fields that may be empty: the form sends an emptied field as null.
-EMPTY_AS_NULL = {"prompt"}
+EMPTY_AS_NULL = {"prompt", "run_name"}
 
-_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
+# JSON Schema types of a config field's type; a number may be written without a decimal point.
+_JSON_TYPES = {bool: "boolean", int: "integer", float: ["number", "integer"], str: "string"}
 
 
 def field_value(data: dict, field: str) -> Any:
@@ -50,17 +52,19 @@ def field_value(data: dict, field: str) -> Any:
 
 
 def params(defaults: dict) -> dict[str, Param]:
-    """The form, with defaults taken from the raw (unvalidated) YAML data."""
+    """The form, with defaults taken from the raw (unvalidated) YAML data and each Param's type from
+    its config field's (YAML reads `learning_rate: 3e-4` as text, which the config model takes as a
+    number, and so must the form)."""
     form = {}
     for name, (field, description) in FIELDS.items():
         default = field_value(defaults, field)
-        kind = ["null", "string"] if default is None else _JSON_TYPES[type(default)]
-        if name == "corpus":
-            kind = ["string", "array"]
-        elif kind == "number":
-            kind = ["number", "integer"]
+        if name == "corpus":  # one path or a list of them
+            kind: str | list[str] = ["string", "array"]
         elif name in EMPTY_AS_NULL:
             kind = ["string", "null"]
+        else:
+            annotation = field_annotation(field.split("."))
+            kind, default = _JSON_TYPES[annotation], TypeAdapter(annotation).validate_python(default)
         form[name] = Param(default, type=kind, title=field, description=description)
     form[OVERRIDES] = Param(
         [],

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from airflow.dag_processing.dagbag import DagBag
 from airflow.sdk import AssetOrTimeSchedule
+from airflow.sdk.definitions.param import ParamsDict
 
 from include import trigger_form
 from include.spark_submit import STAGES
@@ -109,6 +110,20 @@ def test_form_shows_the_yaml_defaults(dag):
     assert dag.params["stride"] == defaults["data"]["stride"]
     assert dag.params["corpus"] == defaults["corpus"]
     assert dag.params["overrides"] == []
+
+
+def test_form_types_come_from_the_config_fields_not_from_how_the_yaml_spells_a_default():
+    defaults = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"run_name": "sonnets"})
+    defaults["train"]["learning_rate"] = yaml.safe_load("3e-4")  # YAML 1.1 reads it as text
+    assert defaults["train"]["learning_rate"] == "3e-4"
+    form = ParamsDict(trigger_form.params(defaults))
+    assert form["learning_rate"] == 0.0003
+    form.validate()
+    # An API trigger's number, and an emptied run name (sent as null), are what the config takes.
+    form.update({"learning_rate": 0.0005, "run_name": None})
+    form.validate()
+    config = load_config(overrides=trigger_form.overrides({"learning_rate": 0.0005, "run_name": None}))
+    assert (config.train.learning_rate, config.run_name) == (0.0005, "tinyshakespeare")
 
 
 def test_form_values_become_config_fields():

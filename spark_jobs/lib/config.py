@@ -351,18 +351,22 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 def _takes_text(path: list[str]) -> bool:
     """Whether the setting at path takes text (str, or str or None): a value for it is never read
     as a number, a boolean or a collection."""
+    annotation = field_annotation(path)
+    if get_origin(annotation) in (Union, types.UnionType):
+        return str in get_args(annotation)
+    return annotation is str
+
+
+def field_annotation(path: list[str]) -> Any:
+    """The type of the setting at path (["train", "learning_rate"] -> float), None for no such setting."""
     section: type[BaseModel] = PipelineConfig
     for part in path[:-1]:
         field = section.model_fields.get(part)
         if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
-            return False
+            return None
         section = field.annotation
     field = section.model_fields.get(path[-1])
-    if field is None:
-        return False
-    if get_origin(field.annotation) in (Union, types.UnionType):
-        return str in get_args(field.annotation)
-    return field.annotation is str
+    return None if field is None else field.annotation
 
 
 def add_set_argument(parser: argparse.ArgumentParser) -> None:
