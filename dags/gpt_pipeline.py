@@ -142,7 +142,7 @@ def validate_config_for_emr() -> dict:
 
 @task
 def run_local_stage(stage: str, run_dir: str) -> dict:
-    """spark-submit one stage on local Spark; returns the stage's stats."""
+    """spark-submit one stage on local Spark; returns the headline figures of the stage's stats."""
     config = load_run_config(run_dir)
     with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as code_dir:
         package_code(Path(code_dir))
@@ -152,7 +152,13 @@ def run_local_stage(stage: str, run_dir: str) -> dict:
             if error.bad_input:  # fail without the retry, which would stop on the same input
                 raise AirflowFailException(str(error)) from error
             raise
-    return lake.read_json(lake.stats_uri(run_dir, stage))
+    return headline(lake.read_json(lake.stats_uri(run_dir, stage)))
+
+
+def headline(stats: dict) -> dict:
+    """The numbers and text at the top of a stage's stats: its XCom, which Airflow keeps in its
+    database, so not the lists that grow with the corpus (a window per document, a warning per file)."""
+    return {key: value for key, value in stats.items() if isinstance(value, (int, float, str))}
 
 
 @task

@@ -190,6 +190,14 @@ def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airfl
     assert [(uri, json.loads(extra)["pointer"]["model"]) for uri, extra in events] == [
         (f"s3://{BUCKET}/runs/latest", pointer["model"])
     ]
+    # A stage's XCom, kept in Airflow's database, is its headline figures, not lists that grow with the corpus.
+    with sqlite3.connect(home / "airflow.db") as db:
+        (window_xcom,) = db.execute(
+            "SELECT value FROM xcom WHERE run_id = ? AND task_id = 'window' AND key = 'return_value'", (run_id,)
+        ).fetchone()
+    window_xcom = json.loads(window_xcom)
+    assert window_xcom["stage"] == "window" and window_xcom["block_size"] == config["data"]["block_size"]
+    assert "sequences" not in window_xcom and json.loads(read("stats/window.json"))["sequences"]
 
     model_dir = tmp_path / "model-from-s3"
     for key in keys:
