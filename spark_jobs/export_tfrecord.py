@@ -101,7 +101,7 @@ def body(spark, config, run: str) -> dict:
     lake.delete(final)
     lake.delete(staging)
     started = time.perf_counter()
-    files = parts.parquet_files(window["outputs"]["windows"])
+    files = parts.stage_parquet_files(run, "window", "windows")
     n_keys = len(SPLITS) * shards
     results = (
         sc.parallelize(files, len(files))

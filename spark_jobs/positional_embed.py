@@ -15,26 +15,37 @@ import time
 
 import numpy as np
 
-from spark_jobs.lib import embeddings, lake
+from spark_jobs.lib import embeddings, lake, parts
 from spark_jobs.lib.stage import run_stage
 
 STAGE = "positional_embed"
 
 
-def word2vec_vectors(spark, config, windows_uri: str, train_windows: int) -> tuple[dict[int, np.ndarray], dict, dict]:
+def read_sentences(every: int):
+    """Executor function: a windows/ part file -> every `every`-th training window (by its index in
+    the split) as a Word2Vec sentence, its token ids as words. pyarrow reads it, as every stage reads
+    the lake: Spark's own reader would take a '[' or '{' in the lake's path for a glob."""
+
+    def sentences(uri: str) -> list[tuple[list[str]]]:
+        table = parts.read_parquet(uri, ["split", "idx", "ids"])
+        chosen = (table.column("split").to_numpy(zero_copy_only=False) == "train") & (
+            table.column("idx").to_numpy() % every == 0
+        )
+        return [([str(token) for token in ids],) for ids in table.column("ids").filter(chosen).to_pylist()]
+
+    return sentences
+
+
+def word2vec_vectors(spark, config, run: str, train_windows: int) -> tuple[dict[int, np.ndarray], dict, dict]:
     """Learned vectors by token id, what to record about the training, and timings."""
     from pyspark.ml.feature import Word2Vec
-    from pyspark.sql import functions as F
 
     settings = config.embedding.word2vec
     started = time.perf_counter()
     every = max(1, math.ceil(train_windows / settings.max_sentences))
-    sentences = (
-        spark.read.parquet(windows_uri)
-        .where((F.col("split") == "train") & (F.col("idx") % every == 0))
-        .select(F.transform("ids", lambda token: token.cast("string")).alias("sentence"))
-        .cache()
-    )
+    files = parts.stage_parquet_files(run, "window", "windows")
+    rows = spark.sparkContext.parallelize(files, len(files)).flatMap(read_sentences(every))
+    sentences = spark.createDataFrame(rows, "sentence array<string>").cache()
     n_sentences = sentences.count()
     sample_s = time.perf_counter() - started
     started = time.perf_counter()
@@ -69,7 +80,7 @@ def body(spark, config, run: str) -> dict:
     learned, word2vec, timings = {}, {"enabled": settings.enabled}, {}
     if settings.enabled:
         learned, details, timings = word2vec_vectors(
-            spark, config, window["outputs"]["windows"], window["splits"]["train"]["windows"]
+            spark, config, run, window["splits"]["train"]["windows"]
         )
         word2vec.update(details)
         word2vec.update(window=settings.window, min_count=settings.min_count, max_iter=settings.max_iter, seed=settings.seed)

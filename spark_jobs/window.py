@@ -102,14 +102,14 @@ def cut_file(plans, block_size: int, stride: int, windows_uri: str):
 
 def body(spark, config, run: str) -> dict:
     sc = spark.sparkContext
-    tokenize = lake.require_stage(run, "tokenize")
+    lake.require_stage(run, "tokenize")
     block_size, stride = config.data.block_size, config.data.stride
     started = time.perf_counter()
-    files = parts.parquet_files(tokenize["outputs"]["tokens"])
+    files = parts.stage_parquet_files(run, "tokenize", "tokens")
     rows = sc.parallelize(files, len(files)).flatMap(read_heads(block_size)).collect()
     separator = None
     if config.data.pack_documents:
-        separator = bpe.separator_id(bpe.from_json(lake.read_text(tokenize["outputs"]["tokenizer"])))
+        separator = bpe.separator_id(bpe.from_json(lake.read_text(lake.join(run, "tokenizer", "tokenizer.json"))))
     plans, counts = plan_windows(
         [Piece(doc_id, split, piece, n_tokens, head) for doc_id, _, split, piece, n_tokens, head in rows],
         block_size,

@@ -4,6 +4,7 @@ contract (README, "Preprocessing stages")."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -169,6 +170,26 @@ def test_the_disk_check_estimates_less_than_the_run_took_but_not_far_less(prepro
     for folder, estimate in (("windows", least["windows_bytes"]), ("tfrecords", least["tfrecords_bytes"])):
         taken = sum(lake.list_file_sizes(lake.join(run, folder)).values())
         assert taken / 10 < estimate < taken, (folder, estimate, taken)
+
+
+def test_a_copied_run_folder_reads_its_own_outputs_even_under_a_path_spark_would_glob(preprocessed, tmp_path, code_dir, capfd):
+    config, run, _ = preprocessed
+    copy = tmp_path / "lake [v2]{old,new}" / "runs" / "e2e-copy"
+    shutil.copytree(lake.local_path(run), copy)
+    copied = "file://" + str(copy)
+    for stage in STAGES[1:]:
+        local_runner.run_stage(stage, config, copied, code_dir)
+        assert lake.read_json(lake.stats_uri(copied, stage))["outputs"]
+    assert json.loads((copy / "tfrecords" / "manifest.json").read_text())["splits"] == json.loads(
+        Path(lake.local_path(lake.join(run, "tfrecords", "manifest.json"))).read_text()
+    )["splits"]
+    # Its tokens gone, the copy does not read the original's: window names what to run again.
+    shutil.rmtree(copy / "tokens")
+    with pytest.raises(local_runner.StageFailed):
+        local_runner.run_stage("window", config, copied, code_dir)
+    captured = capfd.readouterr()
+    assert "stage 'tokenize' is marked complete in run folder" in captured.out + captured.err
+    assert "its tokens/ holds no Parquet part file: run tokenize again" in captured.out + captured.err
 
 
 def test_a_bad_file_fails_the_application_with_exit_code_2(tmp_path, code_dir, capfd):

@@ -60,6 +60,18 @@ def parquet_files(folder_uri: str) -> list[str]:
     ]
 
 
+def stage_parquet_files(run: str, stage: str, folder: str) -> list[str]:
+    """The Parquet part files of a completed stage's output folder in this run folder (never a
+    path from its stats, which a copied or moved run folder would still point elsewhere with)."""
+    files = parquet_files(lake.join(run, folder))
+    if not files:
+        raise lake.StageIncomplete(
+            f"stage {stage!r} is marked complete in run folder {run}, but its {folder}/ holds no Parquet part file: "
+            f"run {stage} again"
+        )
+    return files
+
+
 def read_parquet(uri: str, columns: list[str] | None = None):
     import pyarrow.parquet as pq
 
