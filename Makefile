@@ -10,6 +10,9 @@ SET ?=
 ARGS ?=
 # Through the environment, not pasted into the command line, so that quotes, spaces and `#` in
 # them reach the run command as typed; the run command splits SET into words as a shell would.
+# $(value): as typed, `$` too, which make would otherwise expand (`$5` to nothing, `$(shell …)` run).
+override CORPUS := $(value CORPUS)
+override SET := $(value SET)
 export CORPUS SET
 
 .PHONY: help run airflow test venv browser lock clean

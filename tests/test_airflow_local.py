@@ -118,7 +118,7 @@ def make_run(tmp_path, **variables) -> subprocess.CompletedProcess:
     )
 
 
-def test_make_run_takes_quotes_spaces_and_hashes_in_corpus_and_set(tmp_path):
+def test_make_run_takes_quotes_spaces_hashes_and_dollars_in_corpus_and_set(tmp_path):
     books = tmp_path / "O'Brien #1"
     # A quoted value with spaces is one override: the error is the next one's, not "'be' is not of the form".
     done = make_run(tmp_path, CORPUS=f"{books}/*.txt", SET="generate.prompt='To be or not' train.max_steps=0")
@@ -127,6 +127,12 @@ def test_make_run_takes_quotes_spaces_and_hashes_in_corpus_and_set(tmp_path):
     done = make_run(tmp_path, CORPUS=f"{books}/*.txt", SET="generate.prompt=\"O'er the hill\" lake='/data/my lake #2'")
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"ERROR corpus file://{books}/*.txt matches no file" in done.stderr
+    # A `$` is text too: make neither expands it nor runs a $(shell …) in it.
+    done = make_run(tmp_path, CORPUS=f"{tmp_path}/$books/*.txt", SET="generate.prompt='$(shell echo run) $5' train.max_steps=0")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "train.max_steps: Input should be greater than or equal to 1" in done.stderr
+    done = make_run(tmp_path, CORPUS=f"{tmp_path}/$books/*.txt")
+    assert f"ERROR corpus file://{tmp_path}/$books/*.txt matches no file" in done.stderr
     done = make_run(tmp_path, SET="generate.prompt=O'er")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "ERROR SET \"generate.prompt=O'er\": No closing quotation; put a value holding a quote in" in done.stderr
