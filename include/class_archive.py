@@ -5,8 +5,8 @@ time (Spark core, Spark SQL, Parquet, MLlib), first at start-up and again at its
 Java's dynamic CDS keeps them, already parsed and verified, in an archive that later JVMs map
 from disk. Each stage gets its own archive (the classes it loads), recorded the first time the
 stage runs (-XX:ArchiveClassesAtExit, a few seconds more that once) and used from then on
-(-XX:SharedArchiveFile). An archive fits one JDK build and one Spark: it is named after both, so
-a new JDK or pyspark records a new one. One that does not fit anyway (a JVM checks) is ignored by
+(-XX:SharedArchiveFile). An archive fits one JDK build and one Spark where it is installed: it is
+named after both, so a new JDK or pyspark, or a moved virtual environment, records a new one. One that does not fit anyway (a JVM checks) is ignored by
 the JVM with a warning; one cut short would crash it, so the name also carries the size.
 Local target only: on EMR every cluster is new.
 """
@@ -42,7 +42,10 @@ def archive_prefix(stage: str, folder: Path = ARCHIVE_DIR) -> Path | None:
     if java is None:
         return None
     libjvm = next(java.parent.parent.glob("lib/server/libjvm.so"), java)
-    build = f"{java}:{libjvm.stat().st_size}:{libjvm.stat().st_mtime_ns}:{pyspark.__version__}"
+    # Spark's jars by path too: the JVM refuses an archive recorded with another class path (the
+    # virtual environment moved or copied, archives and all), and would never record a new one.
+    spark_jars = Path(pyspark.__file__).parent / "jars"
+    build = f"{java}:{libjvm.stat().st_size}:{libjvm.stat().st_mtime_ns}:{pyspark.__version__}:{spark_jars}"
     return folder / f"{stage}-{hashlib.sha256(build.encode()).hexdigest()[:12]}"
 
 

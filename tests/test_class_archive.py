@@ -66,6 +66,10 @@ def test_each_stage_and_each_build_has_its_own_archive(tmp_path, monkeypatch):
     assert tokenize != class_archive.archive_prefix("window", tmp_path) and tokenize.parent == tmp_path
     monkeypatch.setattr("pyspark.__version__", "0.0.0")
     assert class_archive.archive_prefix("tokenize", tmp_path) != tokenize
+    monkeypatch.undo()
+    # The same Spark elsewhere (a moved or copied environment) has another class path, which the JVM checks.
+    monkeypatch.setattr("pyspark.__file__", str(tmp_path / "elsewhere" / "pyspark" / "__init__.py"))
+    assert class_archive.archive_prefix("tokenize", tmp_path) != tokenize
 
 
 def test_recording_for_a_new_build_removes_the_old_builds_archive(tmp_path, monkeypatch):
