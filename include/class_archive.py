@@ -6,8 +6,9 @@ Java's dynamic CDS keeps them, already parsed and verified, in an archive that l
 from disk. Each stage gets its own archive (the classes it loads), recorded the first time the
 stage runs (-XX:ArchiveClassesAtExit, a few seconds more that once) and used from then on
 (-XX:SharedArchiveFile). An archive fits one JDK build and one Spark where it is installed: it is
-named after both, so a new JDK or pyspark, or a moved virtual environment, records a new one. One that does not fit anyway (a JVM checks) is ignored by
-the JVM with a warning; one cut short would crash it, so the name also carries the size.
+named after both, so a new JDK or pyspark, or a moved virtual environment, records a new one. One
+that does not fit anyway (a JVM checks) is ignored by the JVM with a warning; one cut short would
+crash it, so the name also carries the size.
 Local target only: on EMR every cluster is new.
 """
 

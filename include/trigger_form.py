@@ -13,7 +13,7 @@ from typing import Any
 from airflow.sdk import Param
 from pydantic import TypeAdapter
 
-from spark_jobs.lib.config import ConfigError, field_annotation
+from spark_jobs.lib.config import ConfigError, field_annotation, setting
 
 # Param name -> (config field, description)
 FIELDS: dict[str, tuple[str, str]] = {
@@ -45,19 +45,13 @@ EMPTY_AS_NULL = {"prompt", "run_name"}
 _JSON_TYPES = {bool: "boolean", int: "integer", float: ["number", "integer"], str: "string"}
 
 
-def field_value(data: dict, field: str) -> Any:
-    for part in field.split("."):
-        data = data[part]
-    return data
-
-
 def params(defaults: dict) -> dict[str, Param]:
     """The form, with defaults taken from the raw (unvalidated) YAML data and each Param's type from
     its config field's (YAML reads `learning_rate: 3e-4` as text, which the config model takes as a
     number, and so must the form)."""
     form = {}
     for name, (field, description) in FIELDS.items():
-        default = field_value(defaults, field)
+        default = setting(defaults, field)
         if name == "corpus":  # one path or a list of them
             kind: str | list[str] = ["string", "array"]
         elif name in EMPTY_AS_NULL:
