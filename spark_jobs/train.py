@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from spark_jobs.lib import lake, train_data, trainer
+from spark_jobs.lib import lake, train_data, train_state, trainer
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage, warn
@@ -142,4 +142,4 @@ def die_with_parent() -> None:
 
 
 if __name__ == "__main__":
-    run_stage("train", train)
+    run_stage("train", train, resume_folder=train_state.BACKUP_FOLDER)

@@ -106,7 +106,7 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
         lake.join(run, "model", "model.keras"),
         lake.join(run, "model", "tokenizer.json"),
     ]
-    assert not lake.exists(lake.join(run, "checkpoints")), "backups are removed once the model is saved"
+    assert not lake.exists(lake.join(run, "checkpoints")), "backups are removed once the stage is complete"
 
     run_stage("generate", config, run, code)
     sample = lake.read_text(lake.join(run, "samples.txt"))
@@ -221,7 +221,7 @@ def test_a_worker_trains_from_an_s3_run_folder(prepared, monkeypatch, tmp_path):
         s3_run = "s3://lake/runs/on-s3"
         lake.upload_dir(lake.local_path(run), s3_run)
         config = load_config(overrides=[config.model_dump(), {"lake": "s3://lake", "target": "emr"}, "train.num_workers=1",
-                                        "train.max_steps=10"])  # fmt: skip
+                                        "train.max_steps=10", "train.checkpoint_interval=5"])  # fmt: skip
         lake.write_text(lake.join(s3_run, lake.CONFIG_FILE), config.to_json())
         result_file = tmp_path / "result.json"
         completed = subprocess.run(
@@ -231,5 +231,8 @@ def test_a_worker_trains_from_an_s3_run_folder(prepared, monkeypatch, tmp_path):
         assert completed.returncode == 0
         assert json.loads(result_file.read_text())["steps"] == 10
         assert lake.exists(lake.join(s3_run, "stats", "epochs.csv"))
+        # The worker leaves its backup: until the stage's driver marks the stage complete, a failure
+        # (another worker's, or the driver's) must resume from it rather than from step 0.
+        assert lake.exists(lake.join(s3_run, BACKUP))
         model, tokenizer = load_model(lake.join(s3_run, "model"))
         assert model.get_layer("embedding").vocab_size == tokenizer.get_vocab_size()

@@ -1,8 +1,9 @@
 """Training-state backups in the run folder (for resuming) and the saved model.
 
 A backup is one .npz with the model's and the optimizer's variables, the step and the stats rows
-so far, written whole by the chief. It only exists while a training is unfinished: the chief
-removes it once the model is saved, so a later train stage starts over.
+so far, written whole by the chief. It only exists while a training is unfinished: the train
+stage's driver removes it once the stage is complete (spark_jobs.lib.stage.run_stage), so a later
+train stage starts over, while a failure before that (another worker, saving, the driver) resumes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import numpy as np
 
 from spark_jobs.lib import lake
 
-BACKUP = "checkpoints/state.npz"
+BACKUP_FOLDER = "checkpoints"
+BACKUP = f"{BACKUP_FOLDER}/state.npz"
 MODEL_DIR = "model"
 MODEL_FILE = "model.keras"
 TOKENIZER_FILE = "tokenizer.json"
@@ -47,10 +49,6 @@ def load_backup(run: str, model, optimizer, fingerprint: str) -> dict | None:
         for i, variable in enumerate(optimizer.variables):
             variable.assign(saved[f"optimizer_{i}"])
     return meta
-
-
-def remove_backup(run: str) -> None:
-    lake.delete(lake.join(run, "checkpoints"))
 
 
 def save_model(run: str, model, tokenizer_json: bytes, is_chief: bool) -> None:

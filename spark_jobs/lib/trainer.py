@@ -269,8 +269,6 @@ class Worker:
     def save(self) -> None:
         tokenizer = lake.read_bytes(lake.join(self.run, "tokenizer", "tokenizer.json"))
         train_state.save_model(self.run, self.model, tokenizer, self.is_chief)
-        if self.is_chief:
-            train_state.remove_backup(self.run)
 
 
 def embedding_tables(config: PipelineConfig, run: str) -> tuple[np.ndarray | None, np.ndarray]:
