@@ -51,6 +51,9 @@ def train(spark, config: PipelineConfig, run: str) -> dict:
         if "error" in result:
             raise PipelineError(f"training worker {result['worker']}: {result['error']}")
     chief = results[0]
+    for message in chief["warnings"]:  # e.g. a backup it could not resume
+        warn("train", message)
+    warnings += chief["warnings"]
     return {
         "workers": workers,
         "resumed_from_step": chief["resumed_from_step"],

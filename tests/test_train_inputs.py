@@ -137,3 +137,44 @@ def test_the_last_evaluation_covers_the_validation_split_up_to_twenty_evaluation
     worker = lambda val_windows: SimpleNamespace(config=config, manifest=manifest(val_windows=val_windows))  # noqa: E731
     assert Worker.final_eval_batches(worker(val_windows=70)) == 5  # ceil(70 / 16): the whole split
     assert Worker.final_eval_batches(worker(val_windows=1_000_000)) == 80 == config.train.final_eval_max_batches
+
+
+def test_a_backup_is_resumed_whatever_the_loop_reports_evaluates_or_backs_up(tmp_path, shakespeare_slice):
+    """A long run stopped and run again with another progress or evaluation interval resumes; a
+    setting that shapes the weights or the optimizer's state starts over."""
+    from spark_jobs.lib.trainer import fingerprint
+
+    taken = lambda *overrides: fingerprint(small_config(tmp_path, shakespeare_slice, list(overrides)), manifest())  # noqa: E731
+    assert taken("train.log_interval=1", "train.eval_interval=7", "train.eval_batches=2", "train.checkpoint_interval=3") == taken()
+    for change in ("train.num_workers=1", "train.batch_size=64", "train.max_steps=301", "train.learning_rate=0.001",
+                   "train.min_learning_rate=0.0001", "train.warmup_steps=10", "train.weight_decay=0.0",
+                   "train.grad_clip=0.5", "train.seed=2", "model.dropout=0.1", "model.mlp_ratio=2", "data.stride=8",
+                   "embedding.word2vec.seed=1", "tokenizer.min_frequency=3"):  # fmt: skip
+        assert taken(change) != taken(), change
+    assert fingerprint(small_config(tmp_path, shakespeare_slice), manifest(windows=101)) != taken()
+
+
+def test_a_backup_taken_with_other_settings_is_ignored_naming_them(tmp_path, shakespeare_slice):
+    import keras
+
+    from spark_jobs.lib import train_state
+    from spark_jobs.lib.trainer import fingerprint, resume_settings
+
+    def identity(config):
+        return {"fingerprint": fingerprint(config, manifest()), "settings": resume_settings(config)}
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.AdamW()
+    optimizer.build(model.trainable_variables)
+    config = small_config(tmp_path, shakespeare_slice)
+    run = new_run(config)
+    train_state.save_backup(run, 20, model, optimizer, [{"step": 20}], identity(config))
+    quicker = small_config(tmp_path, shakespeare_slice, ["train.log_interval=1"])
+    assert train_state.load_backup(run, model, optimizer, identity(quicker)) == {"step": 20, "rows": [{"step": 20}], **identity(config)}
+    slower = small_config(tmp_path, shakespeare_slice, ["train.learning_rate=0.001", "train.log_interval=1"])
+    with pytest.raises(train_state.OtherSettings) as ignored:
+        train_state.load_backup(run, model, optimizer, identity(slower))
+    assert str(ignored.value) == (
+        f"ignoring the training backup {run}/checkpoints/state.npz (step 20): it was taken with other settings: "
+        "train.learning_rate 0.002 -> 0.001; training starts from step 0"
+    )

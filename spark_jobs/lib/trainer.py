@@ -37,10 +37,22 @@ EPOCHS_CSV = "stats/epochs.csv"
 SETTINGS_FAILURE_EXIT = 3
 
 
+# Training settings that only say how often the loop reports, evaluates and backs up: they change
+# no weight and no optimizer state, so a backup taken with other values of them is resumed.
+LOOP_SETTINGS = {"log_interval", "eval_interval", "eval_batches", "checkpoint_interval"}
+
+
+def resume_settings(config: PipelineConfig) -> dict:
+    """The settings that shape the weights and the optimizer's state step by step: the text, its
+    tokens and windows, the embedding, the model, and every training setting but the loop's."""
+    settings = config.model_dump(include={"corpus", "tokenizer", "data", "embedding", "model"})
+    settings["train"] = config.train.model_dump(exclude=LOOP_SETTINGS)
+    return settings
+
+
 def fingerprint(config: PipelineConfig, manifest: dict) -> str:
-    """What a backup must match to be resumed: same data, model and training settings."""
-    settings = {key: config.model_dump()[key] for key in ("data", "embedding", "model", "train")}
-    return hashlib.sha256(json.dumps([settings, manifest], sort_keys=True).encode()).hexdigest()[:16]
+    """What a backup must match to be resumed: the same resume settings and TFRecords."""
+    return hashlib.sha256(json.dumps([resume_settings(config), manifest], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def weights_digest(model) -> str:
@@ -105,8 +117,14 @@ class Worker:
             initialise_embedding(self.model, *embedding_tables(config, run))
             self.optimizer, self.schedule = build_optimizer(config)
             self.optimizer.build(self.model.trainable_variables)
-        self.fingerprint = fingerprint(config, self.manifest)
-        backup = train_state.load_backup(run, self.model, self.optimizer, self.fingerprint)
+        # What a backup must have been taken with to be resumed, and the settings, to name any that differ.
+        self.identity = {"fingerprint": fingerprint(config, self.manifest), "settings": resume_settings(config)}
+        self.warnings: list[str] = []
+        try:
+            backup = train_state.load_backup(run, self.model, self.optimizer, self.identity)
+        except train_state.OtherSettings as ignored:
+            backup = None
+            self.warn(str(ignored))
         self.start_step = backup["step"] if backup else 0
         self.rows = backup["rows"] if backup else []
         windows = sum(self.manifest["splits"][split]["windows"] for split in train_data.SPLITS) // self.workers
@@ -124,6 +142,13 @@ class Worker:
             lambda: train_data.eval_batches(files["val"], self.block_size, self.per_worker_batch, self.in_memory)
         )
         self._compile_steps()
+
+    def warn(self, message: str) -> None:
+        """A warning in the stage's log: the chief's at once on stderr, and through the workers'
+        results in the driver's log and the stage's stats when the training ends."""
+        self.warnings.append(message)
+        if self.is_chief:
+            print(f"WARNING [train] {message}", file=sys.stderr, flush=True)
 
     def memory_room_bytes(self) -> float:
         """What the model leaves of this worker's memory: its budget or what is free, if less."""
@@ -208,7 +233,7 @@ class Worker:
                 self.record_interval(step, stats, time.perf_counter() - interval_started, last)
                 stats, interval_started = IntervalStats(), time.perf_counter()
             if step % train.checkpoint_interval == 0 and not last and self.is_chief:
-                train_state.save_backup(self.run, step, self.model, self.optimizer, self.rows, self.fingerprint)
+                train_state.save_backup(self.run, step, self.model, self.optimizer, self.rows, self.identity)
         return self.summary(time.perf_counter() - loop_started, step_seconds)
 
     def report_progress(self, step: int, loss: float, tokens_per_s: float, seconds_per_step: float) -> None:
@@ -264,6 +289,7 @@ class Worker:
             "parameters": int(sum(np.prod(w.shape) for w in self.model.trainable_weights)),
             "windows_in_memory": self.in_memory,
             "optimizer_iterations": int(self.optimizer.iterations.numpy()),
+            "warnings": self.warnings,
         }
 
     def save(self) -> None:
