@@ -60,6 +60,7 @@ def train(spark, config: PipelineConfig, run: str) -> dict:
         "steps": config.train.max_steps,
         "steps_this_attempt": chief["steps"],
         "train_wall_s": chief["train_wall_s"],
+        "compile_s": chief["compile_s"],
         "tokens_per_s": chief["tokens_per_s"],
         "final_val_loss": chief["final_val_loss"],
         "final_val_nats_per_char": chief["final_val_nats_per_char"],

@@ -8,7 +8,7 @@ import pytest
 from spark_jobs.lib import lake, train_data
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.lake import StageIncomplete
-from spark_jobs.lib.train_stats import EPOCH_COLUMNS, IntervalStats, epochs_csv, nats_per_char
+from spark_jobs.lib.train_stats import EPOCH_COLUMNS, IntervalStats, StepTimes, epochs_csv, nats_per_char
 from spark_jobs.train import settings_warnings, train
 from tests.conftest import new_run, small_config
 
@@ -87,6 +87,20 @@ def test_an_interval_row_summarises_its_steps():
     header, line = epochs_csv([row]).splitlines()
     assert header.split(",") == list(EPOCH_COLUMNS)
     assert line.startswith("1,2,1500.0,2.5,0.5,2.0,0.4,")
+
+
+def test_an_attempts_first_step_which_compiles_is_left_out_of_its_throughput():
+    times, stats = StepTimes(), IntervalStats()
+    for seconds in (4.0, 0.5, 0.5):  # the first step traces and compiles the training step
+        stats.add_step(3.0, 0.5, 1.0, seconds if times.add(seconds) else None)
+    assert (times.compile_s, times.steps, times.per_step()) == (4.0, 2, 0.5)
+    row = stats.row(epoch=1, step=3, duration_s=5.0, tokens_per_step=100, learning_rate=0.001, val_loss=2.0,
+                    val_accuracy=0.4, tokens=1000, chars=4000, workers=1, resumed_from_step=0)  # fmt: skip
+    assert row["tokens_per_s"] == 200 and row["train_loss"] == 3.0  # its loss counts, its time does not
+    only_compiling = IntervalStats()
+    only_compiling.add_step(3.0, 0.5, 1.0, None)
+    assert only_compiling.row(epoch=1, step=1, duration_s=4.0, tokens_per_step=100, learning_rate=0.001, val_loss=2.0,
+                              val_accuracy=0.4, tokens=1000, chars=4000, workers=1, resumed_from_step=0)["tokens_per_s"] is None  # fmt: skip
 
 
 def test_windows_stay_in_memory_only_while_they_fit_half_the_room_the_model_leaves():

@@ -29,7 +29,7 @@ from spark_jobs.lib import lake, memory, train_data, train_state
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import load_run_config
-from spark_jobs.lib.train_stats import IntervalStats, epochs_csv
+from spark_jobs.lib.train_stats import IntervalStats, StepTimes, epochs_csv
 
 EPOCHS_CSV = "stats/epochs.csv"
 # Exit code of a worker stopped by its settings (e.g. a diverging loss): a retry would fail the
@@ -215,26 +215,25 @@ class Worker:
     def train(self) -> dict:
         train = self.config.train
         stats, interval_started = IntervalStats(), time.perf_counter()
-        loop_started, step_seconds = time.perf_counter(), 0.0
+        loop_started, times = time.perf_counter(), StepTimes()
         for step in range(self.start_step + 1, train.max_steps + 1):
             started = time.perf_counter()
             loss, accuracy, norm = (float(value) for value in self.train_step())
             seconds = time.perf_counter() - started
-            step_seconds += seconds
-            stats.add_step(loss, accuracy, norm, seconds)
+            stats.add_step(loss, accuracy, norm, seconds if times.add(seconds) else None)
             if not math.isfinite(loss):  # the same on every worker: the loss is all-reduced
                 raise PipelineError(f"training loss became {loss} at step {step}; lower train.learning_rate")
             if self.is_chief and (step % train.log_interval == 0 or step == train.max_steps):
                 rate = self.tokens_per_step / seconds
                 print(f"[train] step {step}/{train.max_steps} loss {loss:.4f} {rate:,.0f} tokens/s", flush=True)
-                self.report_progress(step, loss, rate, step_seconds / (step - self.start_step))
+                self.report_progress(step, loss, rate, times.per_step() or seconds)
             last = step == train.max_steps
             if step % train.eval_interval == 0 or last:
                 self.record_interval(step, stats, time.perf_counter() - interval_started, last)
                 stats, interval_started = IntervalStats(), time.perf_counter()
             if step % train.checkpoint_interval == 0 and not last and self.is_chief:
                 train_state.save_backup(self.run, step, self.model, self.optimizer, self.rows, self.identity)
-        return self.summary(time.perf_counter() - loop_started, step_seconds)
+        return self.summary(time.perf_counter() - loop_started, times)
 
     def report_progress(self, step: int, loss: float, tokens_per_s: float, seconds_per_step: float) -> None:
         """progress/train.json in the run folder: how far training is, for whoever watches the run."""
@@ -265,24 +264,26 @@ class Worker:
         )  # fmt: skip
         self.rows.append(row)
         if self.is_chief:
+            rate = row["tokens_per_s"]  # None after the compiling step alone
             print(
-                f"[train] step {step}: val loss {val_loss:.4f}, {row['val_nats_per_char']:.4f} nats/char, "
-                f"{row['tokens_per_s']:,.0f} tokens/s",
+                f"[train] step {step}: val loss {val_loss:.4f}, {row['val_nats_per_char']:.4f} nats/char"
+                + (f", {rate:,.0f} tokens/s" if rate is not None else ""),
                 flush=True,
             )
             lake.write_text(lake.join(self.run, EPOCHS_CSV), epochs_csv(self.rows))
 
-    def summary(self, wall_s: float, step_seconds: float) -> dict:
-        """This worker's result: the attempt's steps and speed, and the final evaluation."""
-        steps = self.config.train.max_steps - self.start_step
+    def summary(self, wall_s: float, times: StepTimes) -> dict:
+        """This worker's result: the attempt's steps and speed (its first step, which compiles, apart),
+        and the final evaluation."""
         final = self.rows[-1] if self.rows else {}
         return {
             "worker": self.index,
             "workers": self.workers,
             "resumed_from_step": self.start_step,
-            "steps": steps,
+            "steps": self.config.train.max_steps - self.start_step,
             "train_wall_s": round(wall_s, 3),
-            "tokens_per_s": round(steps * self.tokens_per_step / step_seconds, 1) if steps else None,
+            "compile_s": round(times.compile_s, 3) if times.compile_s is not None else None,
+            "tokens_per_s": round(times.steps * self.tokens_per_step / times.seconds, 1) if times.steps else None,
             "final_val_loss": final.get("val_loss"),
             "final_val_nats_per_char": final.get("val_nats_per_char"),
             "final_val_accuracy": final.get("val_accuracy"),
