@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -192,3 +194,27 @@ def test_a_backup_taken_with_other_settings_is_ignored_naming_them(tmp_path, sha
         f"ignoring the training backup {run}/checkpoints/state.npz (step 20): it was taken with other settings: "
         "train.learning_rate 0.002 -> 0.001; training starts from step 0"
     )
+
+
+def test_a_local_lakes_shards_are_read_in_place_and_an_s3_lakes_are_copied(tmp_path, monkeypatch):
+    from include.local_s3 import LocalS3
+
+    shards = ["train/part-00000.tfrecord", "train/part-00002.tfrecord"]
+    copies = tmp_path / "copies"
+    local_run = lake.join(tmp_path.as_uri(), "runs", "r")
+    for shard in shards:
+        lake.write_bytes(lake.join(local_run, "tfrecords", shard), shard.encode())
+    # No copy of a local lake: the lake's disk room is checked for its TFRecords once, not twice.
+    assert train_data.local_shards(local_run, shards, copies) == [
+        lake.local_path(lake.join(local_run, "tfrecords", shard)) for shard in shards
+    ]
+    assert not copies.exists()
+    with LocalS3(buckets=("lake",)) as s3:
+        for key, value in s3.connection_env().items():
+            monkeypatch.setenv(key, value)
+        s3_run = "s3://lake/runs/r"
+        for shard in shards:
+            lake.write_bytes(lake.join(s3_run, "tfrecords", shard), shard.encode())
+        paths = train_data.local_shards(s3_run, shards, copies)
+    assert paths == [str(copies / shard) for shard in shards]
+    assert [Path(path).read_bytes() for path in paths] == [shard.encode() for shard in shards]

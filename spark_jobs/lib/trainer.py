@@ -103,7 +103,7 @@ class Worker:
         self.block_size = self.manifest["block_size"]
         self.per_worker_batch = config.train.batch_size // self.workers
         files = {
-            split: train_data.copy_shards(
+            split: train_data.local_shards(
                 run, train_data.worker_shards(self.manifest, split, self.index, self.workers), local_dir
             )
             for split in train_data.SPLITS
