@@ -37,6 +37,10 @@ SHAPES = {
     "V=8192": ["train.num_workers=1", "tokenizer.vocab_size=8192"],
     "D=384, 6 heads": ["train.num_workers=1", "embedding.dim=384", "model.n_head=6"],
     "12 layers": ["train.num_workers=1", "model.n_layer=12"],
+    "MLP ratio 16": ["train.num_workers=1", "model.mlp_ratio=16"],
+    "MLP ratio 1": ["train.num_workers=1", "model.mlp_ratio=1"],
+    "D=256, T=32, b=256, MLP 16": ["train.num_workers=1", "embedding.dim=256", "data.block_size=32", "data.stride=16",
+                                   "train.batch_size=256", "model.mlp_ratio=16"],
 }
 STAGES = ("tokenize", "window", "positional_embed", "export", "train")
 

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from spark_jobs.lib import lake, train_data, trainer
+from spark_jobs.lib import lake, train_data, train_state, trainer
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage, warn
@@ -51,12 +51,16 @@ def train(spark, config: PipelineConfig, run: str) -> dict:
         if "error" in result:
             raise PipelineError(f"training worker {result['worker']}: {result['error']}")
     chief = results[0]
+    for message in chief["warnings"]:  # e.g. a backup it could not resume
+        warn("train", message)
+    warnings += chief["warnings"]
     return {
         "workers": workers,
         "resumed_from_step": chief["resumed_from_step"],
         "steps": config.train.max_steps,
         "steps_this_attempt": chief["steps"],
         "train_wall_s": chief["train_wall_s"],
+        "compile_s": chief["compile_s"],
         "tokens_per_s": chief["tokens_per_s"],
         "final_val_loss": chief["final_val_loss"],
         "final_val_nats_per_char": chief["final_val_nats_per_char"],
@@ -142,4 +146,4 @@ def die_with_parent() -> None:
 
 
 if __name__ == "__main__":
-    run_stage("train", train)
+    run_stage("train", train, resume_folder=train_state.BACKUP_FOLDER)

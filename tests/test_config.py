@@ -56,6 +56,16 @@ def test_odd_values_get_one_line_naming_the_field_not_a_traceback(override, mess
         load_config(overrides=[override])
 
 
+@pytest.mark.parametrize("field", ["train.seed", "embedding.word2vec.seed", "generate.seed"])
+def test_a_seed_is_refused_where_numpy_would_refuse_it(field):
+    # keras.utils.set_random_seed (np.random.seed) takes 0 to 2**32 - 1, np.random.default_rng no negative seed.
+    with pytest.raises(ConfigError, match=rf"^invalid configuration: {field}: Input should be greater than or equal to 0 \(got -1\)$"):
+        load_config(overrides=[f"{field}=-1"])
+    with pytest.raises(ConfigError, match=rf"^invalid configuration: {field}: Input should be less than or equal to 4294967295"):
+        load_config(overrides=[f"{field}={2**32}"])
+    assert load_config(overrides=[f"{field}={2**32 - 1}"]) is not None
+
+
 def test_unknown_keys_are_rejected():
     with pytest.raises(ConfigError, match="data.window_size: unknown key"):
         load_config(overrides=["data.window_size=64"])

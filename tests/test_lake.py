@@ -3,6 +3,9 @@ names people give files: spaces, '#', '%' and accents are part of a path, never 
 
 from __future__ import annotations
 
+import filecmp
+import os
+
 import pytest
 
 from include.local_s3 import LocalS3
@@ -128,3 +131,30 @@ def test_links_in_a_local_corpus_count_each_file_once(tmp_path):
     (books / "gone.txt").symlink_to(tmp_path / "deleted.txt")
     with pytest.raises(PipelineError, match=rf"cannot be listed: .*gone.txt is a link to .*deleted.txt, which does not exist"):
         lake.corpus_files(load_config(overrides=[{"corpus": str(books)}]))
+
+
+def test_a_file_is_copied_to_local_disk_whole(folder, tmp_path):
+    data = bytes(range(256)) * 5000  # more than a chunk's worth of blocks of pyarrow's reads
+    lake.write_bytes(lake.join(folder, "part 1.tfrecord"), data)
+    copy = lake.download_file(lake.join(folder, "part 1.tfrecord"), tmp_path / "copies" / "part 1.tfrecord")
+    assert copy.read_bytes() == data
+    with pytest.raises(PipelineError, match=r"part 2.tfrecord does not exist"):
+        lake.download_file(lake.join(folder, "part 2.tfrecord"), tmp_path / "copies" / "part 2.tfrecord")
+
+
+def test_copying_a_file_takes_a_chunk_of_memory_whatever_its_size(tmp_path):
+    """A worker copies TFRecord shards of any size from S3: the copy must not hold one whole."""
+    import tracemalloc
+
+    source, size = tmp_path / "part-00000.tfrecord", 64 * 2**20  # 8 chunks
+    with source.open("wb") as file:
+        for _ in range(size // 2**20):
+            file.write(os.urandom(2**20))
+    tracemalloc.start()
+    try:
+        lake.download_file(to_uri(str(source)), tmp_path / "copy.tfrecord")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < size / 3, f"{peak / 2**20:.0f} MB for a {size / 2**20:.0f} MB file"  # a chunk or two
+    assert filecmp.cmp(source, tmp_path / "copy.tfrecord", shallow=False)

@@ -36,6 +36,19 @@ def test_the_estimate_grows_with_the_square_of_the_block_size_in_attention_only(
     assert long["total"] == sum(value for name, value in long.items() if name != "total") > short["total"]
 
 
+def test_the_activations_grow_with_the_mlps_width():
+    """Measured with D=256, L=4, T=32, b=256 on one worker: peaks of about 1,780 MB at
+    model.mlp_ratio=4 and 3,605 to 3,719 MB at 16 (benchmarks/train_memory.py), all but 144 MB of
+    the difference in activations: 4.4 copies of b*T*L*D (32 MB) per unit of ratio."""
+    shape = ["train.num_workers=1", "embedding.dim=256", "data.block_size=32", "train.batch_size=256"]
+    estimate = {ratio: memory.worker_peak_mb(load_config(overrides=[*shape, f"model.mlp_ratio={ratio}"]), 2048)
+                for ratio in (1, 4, 16)}  # fmt: skip
+    assert estimate[4]["activations"] == 22 * 32  # the default ratio keeps the fitted constant
+    assert estimate[16]["activations"] - estimate[4]["activations"] == pytest.approx(12 * 4.4 * 32, abs=1)
+    assert estimate[4]["activations"] - estimate[1]["activations"] == pytest.approx(3 * 4.4 * 32, abs=1)
+    assert 3719 <= estimate[16]["total"] <= 1.25 * 3719
+
+
 def test_a_model_too_big_for_a_worker_is_refused_naming_the_settings():
     config = load_config(overrides=["data.block_size=4096"])
     with pytest.raises(ConfigError) as error:

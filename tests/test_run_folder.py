@@ -195,3 +195,36 @@ def test_a_small_stride_multiplies_what_the_windows_take():
     assert dense["windows"] == 64 * wide["windows"] and dense["tfrecords_bytes"] == 64 * wide["tfrecords_bytes"]
     s3_lake = load_config(overrides=["target=emr", "lake=s3://bucket/lake"])
     storage.check_lake_room(s3_lake, {"s3://bucket/huge.txt": 10**18})  # no disk to fill on S3
+
+
+def test_a_stages_resume_folder_goes_only_once_the_stage_is_complete(tmp_path, monkeypatch, capsys):
+    """train's backups: a failure before the completion marker resumes from them, a completed stage
+    removes them, and a completed stage run again starts over even if they were left behind."""
+    from spark_jobs.lib import stage
+
+    monkeypatch.setattr(stage, "spark_session", lambda name: None)
+    monkeypatch.setattr(stage, "stop_spark", lambda spark: None)
+    run = new_run(load_config(overrides=[{"lake": str(tmp_path / "lake")}]))
+    backup = lake.join(run, "checkpoints", "state.npz")
+    seen = []
+
+    def training(spark, config, run):
+        seen.append(lake.exists(backup))
+        lake.write_text(backup, "state")
+        return {}
+
+    def marker_fails(run, name, stats):
+        raise OSError("the lake went away")
+
+    with monkeypatch.context() as failing:
+        failing.setattr(lake, "complete_stage", marker_fails)
+        with pytest.raises(OSError):
+            run_stage("train", training, ["--run-dir", run], resume_folder="checkpoints")
+    assert lake.exists(backup), "not complete: the next attempt resumes"
+    run_stage("train", training, ["--run-dir", run], resume_folder="checkpoints")
+    assert seen == [False, True]
+    assert lake.exists(lake.stats_uri(run, "train")) and not lake.exists(lake.join(run, "checkpoints"))
+
+    lake.write_text(backup, "left by a driver that died after the marker")
+    run_stage("train", lambda *_: seen.append(lake.exists(backup)) or {}, ["--run-dir", run], resume_folder="checkpoints")
+    assert seen[-1] is False, "a completed stage run again starts over"

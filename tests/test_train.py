@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
@@ -68,10 +70,16 @@ def epoch_rows(run: str) -> list[dict]:
     return list(csv.DictReader(lake.read_text(lake.join(run, "stats", "epochs.csv")).splitlines()))
 
 
-def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, monkeypatch):
+def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, monkeypatch, capfd):
     config, run, code = fresh_run(prepared, "two-workers", [])
+    # A backup of another training: the stage says, in its log and its stats, that it starts over.
+    stale = io.BytesIO()
+    np.savez(stale, meta=np.array(json.dumps({"step": 20, "rows": [], "fingerprint": "another training"})))
+    lake.write_bytes(lake.join(run, BACKUP), stale.getvalue())
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     run_stage("train", config, run, code)
+    ignored = f"ignoring the training backup {run}/{BACKUP} (step 20): it was taken with other settings or TFRecords"
+    assert f"WARNING [train] {ignored}; training starts from step 0" in capfd.readouterr().err
     # The workers leave without interpreter shutdown, so the source files TensorFlow's autograph
     # writes to the temporary folder would stay behind on every run unless the stage removed them.
     assert not list(tmp_path.glob("__autograph_generated_file*"))
@@ -83,6 +91,7 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     # Each worker trained on its own shards, yet both end with the very same weights.
     assert workers[0]["weights_digest"] == workers[1]["weights_digest"]
     assert stats["resumed_from_step"] == 0 and stats["tokens_per_s"] > 0
+    assert [message for message in stats["warnings"] if message.startswith(ignored)]
 
     rows = epoch_rows(run)
     assert list(rows[0]) == list(EPOCH_COLUMNS)
@@ -93,6 +102,10 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     assert float(last["val_loss"]) < float(first["val_loss"])
     assert float(last["val_nats_per_char"]) == pytest.approx(stats["final_val_nats_per_char"], rel=1e-5)
     assert float(first["grad_norm_min"]) <= float(first["grad_norm_mean"]) <= float(first["grad_norm_max"])
+    # The first step compiles (seconds, against milliseconds for the others): left out of tokens/s,
+    # the first interval's throughput is like the next one's.
+    assert float(first["tokens_per_s"]) > 0.5 * float(last["tokens_per_s"]), (first["tokens_per_s"], last["tokens_per_s"])
+    assert stats["compile_s"] > 0 and stats["tokens_per_s"] > 0.5 * float(last["tokens_per_s"])
     progress = lake.read_json(lake.join(run, lake.progress_path("train")))  # what the EMR task logs while it runs
     assert (progress["step"], progress["max_steps"], progress["seconds_left"]) == (40, 40, 0) and progress["loss"] > 0
     # The windows were small enough to stay in memory, and the memory estimate runs were checked
@@ -106,7 +119,7 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
         lake.join(run, "model", "model.keras"),
         lake.join(run, "model", "tokenizer.json"),
     ]
-    assert not lake.exists(lake.join(run, "checkpoints")), "backups are removed once the model is saved"
+    assert not lake.exists(lake.join(run, "checkpoints")), "backups are removed once the stage is complete"
 
     run_stage("generate", config, run, code)
     sample = lake.read_text(lake.join(run, "samples.txt"))
@@ -221,15 +234,28 @@ def test_a_worker_trains_from_an_s3_run_folder(prepared, monkeypatch, tmp_path):
         s3_run = "s3://lake/runs/on-s3"
         lake.upload_dir(lake.local_path(run), s3_run)
         config = load_config(overrides=[config.model_dump(), {"lake": "s3://lake", "target": "emr"}, "train.num_workers=1",
-                                        "train.max_steps=10"])  # fmt: skip
-        lake.write_text(lake.join(s3_run, lake.CONFIG_FILE), config.to_json())
-        result_file = tmp_path / "result.json"
-        completed = subprocess.run(
-            [sys.executable, "-m", "spark_jobs.lib.trainer", "--run-dir", s3_run, "--result", str(result_file)],
-            cwd=REPO_ROOT,
-        )
-        assert completed.returncode == 0
-        assert json.loads(result_file.read_text())["steps"] == 10
+                                        "train.max_steps=10", "train.checkpoint_interval=5"])  # fmt: skip
+        result = run_worker(s3_run, config, tmp_path)
+        assert result["steps"] == 10 and result["resumed_from_step"] == 0
         assert lake.exists(lake.join(s3_run, "stats", "epochs.csv"))
+        # The worker leaves its backup: until the stage's driver marks the stage complete, a failure
+        # (another worker's, or the driver's) must resume from it rather than from step 0.
+        assert lake.exists(lake.join(s3_run, BACKUP))
         model, tokenizer = load_model(lake.join(s3_run, "model"))
         assert model.get_layer("embedding").vocab_size == tokenizer.get_vocab_size()
+
+        # Run again reporting and evaluating more often, it resumes: those settings change no weight.
+        more_often = load_config(overrides=[config.model_dump(), "train.log_interval=1", "train.eval_interval=2"])
+        result = run_worker(s3_run, more_often, tmp_path)
+        assert (result["resumed_from_step"], result["steps"], result["warnings"]) == (5, 5, [])
+
+
+def run_worker(run: str, config, tmp_path: Path) -> dict:
+    """One training worker in a plain process on the run folder with this config; its result."""
+    lake.write_text(lake.join(run, lake.CONFIG_FILE), config.to_json())
+    result_file = tmp_path / "result.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "spark_jobs.lib.trainer", "--run-dir", run, "--result", str(result_file)], cwd=REPO_ROOT
+    )
+    assert completed.returncode == 0
+    return json.loads(result_file.read_text())

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from spark_jobs.lib import lake, train_data
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.lake import StageIncomplete
-from spark_jobs.lib.train_stats import EPOCH_COLUMNS, IntervalStats, epochs_csv, nats_per_char
+from spark_jobs.lib.train_stats import EPOCH_COLUMNS, IntervalStats, StepTimes, epochs_csv, nats_per_char
 from spark_jobs.train import settings_warnings, train
 from tests.conftest import new_run, small_config
 
@@ -89,6 +91,20 @@ def test_an_interval_row_summarises_its_steps():
     assert line.startswith("1,2,1500.0,2.5,0.5,2.0,0.4,")
 
 
+def test_an_attempts_first_step_which_compiles_is_left_out_of_its_throughput():
+    times, stats = StepTimes(), IntervalStats()
+    for seconds in (4.0, 0.5, 0.5):  # the first step traces and compiles the training step
+        stats.add_step(3.0, 0.5, 1.0, seconds if times.add(seconds) else None)
+    assert (times.compile_s, times.steps, times.per_step()) == (4.0, 2, 0.5)
+    row = stats.row(epoch=1, step=3, duration_s=5.0, tokens_per_step=100, learning_rate=0.001, val_loss=2.0,
+                    val_accuracy=0.4, tokens=1000, chars=4000, workers=1, resumed_from_step=0)  # fmt: skip
+    assert row["tokens_per_s"] == 200 and row["train_loss"] == 3.0  # its loss counts, its time does not
+    only_compiling = IntervalStats()
+    only_compiling.add_step(3.0, 0.5, 1.0, None)
+    assert only_compiling.row(epoch=1, step=1, duration_s=4.0, tokens_per_step=100, learning_rate=0.001, val_loss=2.0,
+                              val_accuracy=0.4, tokens=1000, chars=4000, workers=1, resumed_from_step=0)["tokens_per_s"] is None  # fmt: skip
+
+
 def test_windows_stay_in_memory_only_while_they_fit_half_the_room_the_model_leaves():
     one_window = 128 * train_data.WINDOW_BYTES_PER_TOKEN
     assert train_data.keep_in_memory(1000, 128, room_bytes=2 * 1000 * one_window)
@@ -137,3 +153,68 @@ def test_the_last_evaluation_covers_the_validation_split_up_to_twenty_evaluation
     worker = lambda val_windows: SimpleNamespace(config=config, manifest=manifest(val_windows=val_windows))  # noqa: E731
     assert Worker.final_eval_batches(worker(val_windows=70)) == 5  # ceil(70 / 16): the whole split
     assert Worker.final_eval_batches(worker(val_windows=1_000_000)) == 80 == config.train.final_eval_max_batches
+
+
+def test_a_backup_is_resumed_whatever_the_loop_reports_evaluates_or_backs_up(tmp_path, shakespeare_slice):
+    """A long run stopped and run again with another progress or evaluation interval resumes; a
+    setting that shapes the weights or the optimizer's state starts over."""
+    from spark_jobs.lib.trainer import fingerprint
+
+    taken = lambda *overrides: fingerprint(small_config(tmp_path, shakespeare_slice, list(overrides)), manifest())  # noqa: E731
+    assert taken("train.log_interval=1", "train.eval_interval=7", "train.eval_batches=2", "train.checkpoint_interval=3") == taken()
+    for change in ("train.num_workers=1", "train.batch_size=64", "train.max_steps=301", "train.learning_rate=0.001",
+                   "train.min_learning_rate=0.0001", "train.warmup_steps=10", "train.weight_decay=0.0",
+                   "train.grad_clip=0.5", "train.seed=2", "model.dropout=0.1", "model.mlp_ratio=2", "data.stride=8",
+                   "embedding.word2vec.seed=1", "tokenizer.min_frequency=3"):  # fmt: skip
+        assert taken(change) != taken(), change
+    assert fingerprint(small_config(tmp_path, shakespeare_slice), manifest(windows=101)) != taken()
+
+
+def test_a_backup_taken_with_other_settings_is_ignored_naming_them(tmp_path, shakespeare_slice):
+    import keras
+
+    from spark_jobs.lib import train_state
+    from spark_jobs.lib.trainer import fingerprint, resume_settings
+
+    def identity(config):
+        return {"fingerprint": fingerprint(config, manifest()), "settings": resume_settings(config)}
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.AdamW()
+    optimizer.build(model.trainable_variables)
+    config = small_config(tmp_path, shakespeare_slice)
+    run = new_run(config)
+    train_state.save_backup(run, 20, model, optimizer, [{"step": 20}], identity(config))
+    quicker = small_config(tmp_path, shakespeare_slice, ["train.log_interval=1"])
+    assert train_state.load_backup(run, model, optimizer, identity(quicker)) == {"step": 20, "rows": [{"step": 20}], **identity(config)}
+    slower = small_config(tmp_path, shakespeare_slice, ["train.learning_rate=0.001", "train.log_interval=1"])
+    with pytest.raises(train_state.OtherSettings) as ignored:
+        train_state.load_backup(run, model, optimizer, identity(slower))
+    assert str(ignored.value) == (
+        f"ignoring the training backup {run}/checkpoints/state.npz (step 20): it was taken with other settings: "
+        "train.learning_rate 0.002 -> 0.001; training starts from step 0"
+    )
+
+
+def test_a_local_lakes_shards_are_read_in_place_and_an_s3_lakes_are_copied(tmp_path, monkeypatch):
+    from include.local_s3 import LocalS3
+
+    shards = ["train/part-00000.tfrecord", "train/part-00002.tfrecord"]
+    copies = tmp_path / "copies"
+    local_run = lake.join(tmp_path.as_uri(), "runs", "r")
+    for shard in shards:
+        lake.write_bytes(lake.join(local_run, "tfrecords", shard), shard.encode())
+    # No copy of a local lake: the lake's disk room is checked for its TFRecords once, not twice.
+    assert train_data.local_shards(local_run, shards, copies) == [
+        lake.local_path(lake.join(local_run, "tfrecords", shard)) for shard in shards
+    ]
+    assert not copies.exists()
+    with LocalS3(buckets=("lake",)) as s3:
+        for key, value in s3.connection_env().items():
+            monkeypatch.setenv(key, value)
+        s3_run = "s3://lake/runs/r"
+        for shard in shards:
+            lake.write_bytes(lake.join(s3_run, "tfrecords", shard), shard.encode())
+        paths = train_data.local_shards(s3_run, shards, copies)
+    assert paths == [str(copies / shard) for shard in shards]
+    assert [Path(path).read_bytes() for path in paths] == [shard.encode() for shard in shards]

@@ -17,7 +17,7 @@ import re
 import types
 import unicodedata
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from spark_jobs.lib.errors import PipelineError
@@ -35,6 +35,10 @@ def defaults_path() -> Path:
 SPECIAL_TOKENS = ("<|endoftext|>",)
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + 1
 
+
+# A random seed: numpy's legacy seeding (np.random.seed, and so keras.utils.set_random_seed) takes
+# 0 to 2**32 - 1, np.random.default_rng no negative seed; Spark's Word2Vec and TensorFlow take more.
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 
 URI_SCHEMES = ("file", "s3")  # what the lake reads and writes (pyarrow) and Spark reads on EMR
 
@@ -127,7 +131,7 @@ class Word2VecConfig(_Section):
     min_count: int = Field(ge=1)
     max_iter: int = Field(ge=1)
     max_sentences: int = Field(ge=1)
-    seed: int
+    seed: Seed
 
 
 class EmbeddingConfig(_Section):
@@ -158,7 +162,7 @@ class TrainConfig(_Section):
     log_interval: int = Field(ge=1)
     eval_batches: int = Field(ge=1)
     checkpoint_interval: int = Field(ge=1)
-    seed: int
+    seed: Seed
 
     @property
     def final_eval_max_batches(self) -> int:
@@ -175,7 +179,7 @@ class GenerateConfig(_Section):
     temperature: float
     top_k: int = Field(ge=1)
     top_p: float = Field(gt=0, le=1)
-    seed: int
+    seed: Seed
     num_samples: int = Field(default=1, ge=1, le=100)
 
     @field_validator("temperature")

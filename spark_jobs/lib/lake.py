@@ -13,6 +13,7 @@ import fnmatch
 import json
 import os
 import posixpath
+import shutil
 import sys
 import uuid
 from pathlib import Path
@@ -29,6 +30,7 @@ CONFIG_FILE = "config.json"
 REPORT_JSON = "report.json"
 REPORT_TEXT = "report.md"
 LOCAL_FILESYSTEM = pafs.LocalFileSystem()
+COPY_CHUNK_BYTES = 8 * 2**20
 
 
 class StageIncomplete(PipelineError):
@@ -144,9 +146,15 @@ def download_dir(uri: str, local_dir: str | Path) -> list[Path]:
 
 
 def download_file(uri: str, target: str | Path) -> Path:
+    """Copy a file to local disk a chunk at a time: a TFRecord shard of gigabytes never sits whole in memory."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(read_bytes(uri))
+    fs, path = filesystem(uri)
+    try:
+        with fs.open_input_stream(path) as stream, target.open("wb") as copy:
+            shutil.copyfileobj(stream, copy, COPY_CHUNK_BYTES)
+    except FileNotFoundError:
+        raise PipelineError(f"{uri} does not exist") from None
     return target
 
 

@@ -3,13 +3,15 @@ a run starts (before a cluster exists on EMR) instead of being killed mid-traini
 
 One worker's peak resident memory is about
 
-    RUNTIME_MB + 4 bytes x (ACTIVATION_COPIES x b*T*L*D     activations kept for the backward pass
+    RUNTIME_MB + 4 bytes x (activation copies x b*T*L*D     activations kept for the backward pass
                            + SCORE_COPIES x b*H*T*T*L      attention scores, T x T per head and layer
                            + LOGIT_COPIES x b*T*V          logits and their softmax gradient
                            + PARAMETER_COPIES x P)         weights, gradients, AdamW's two moments, ...
 
 with b the worker's share of the batch, T the block size, L layers of width D with H heads, V the
-vocabulary and P the parameters (float32 throughout). The constants are fitted on peaks measured by
+vocabulary and P the parameters (float32 throughout). The activations' copies grow with the MLP's
+width, mlp_ratio x D: ACTIVATION_COPIES at the default ratio of 4, MLP_ACTIVATION_COPIES more per
+unit of ratio above it (fewer below). The constants are fitted on peaks measured by
 benchmarks/train_memory.py and rounded up; the runtime (TensorFlow, XLA compiling the step, the
 input pipeline) is the largest part for small models. The training windows come on top when the
 worker keeps them in memory, which it does only while they fit (train_data.keep_in_memory).
@@ -25,6 +27,8 @@ from spark_jobs.lib.config import ConfigError, PipelineConfig
 MB = 2**20
 RUNTIME_MB = 1000
 ACTIVATION_COPIES = 22
+MLP_ACTIVATION_COPIES = 4.4
+DEFAULT_MLP_RATIO = 4
 SCORE_COPIES = 2
 LOGIT_COPIES = 2
 PARAMETER_COPIES = 6
@@ -45,6 +49,12 @@ def parameters(config: PipelineConfig, vocab_size: int | None = None) -> int:
     return embeddings + config.model.n_layer * block + 2 * dim + dim * vocab + vocab
 
 
+def activation_copies(mlp_ratio: int) -> float:
+    """Copies of b*T*L*D the backward pass keeps: the MLP's hidden activations (mlp_ratio x D wide,
+    before and after the GELU) grow with its ratio, the rest of a block's do not."""
+    return ACTIVATION_COPIES + MLP_ACTIVATION_COPIES * (mlp_ratio - DEFAULT_MLP_RATIO)
+
+
 def worker_peak_mb(config: PipelineConfig, vocab_size: int | None = None) -> dict[str, float]:
     """The estimate's parts and their `total`, in MB."""
     vocab = vocab_size or config.tokenizer.vocab_size
@@ -52,7 +62,7 @@ def worker_peak_mb(config: PipelineConfig, vocab_size: int | None = None) -> dic
     length, layers, dim = config.data.block_size, config.model.n_layer, config.embedding.dim
     parts = {
         "runtime": RUNTIME_MB,
-        "activations": 4 * ACTIVATION_COPIES * batch * length * layers * dim / MB,
+        "activations": 4 * activation_copies(config.model.mlp_ratio) * batch * length * layers * dim / MB,
         "attention_scores": 4 * SCORE_COPIES * batch * config.model.n_head * length * length * layers / MB,
         "logits": 4 * LOGIT_COPIES * batch * length * vocab / MB,
         "parameters": 4 * PARAMETER_COPIES * parameters(config, vocab) / MB,

@@ -64,14 +64,20 @@ def stop_spark(spark) -> None:
         accumulator_server.server_shutdown = True
 
 
-def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dict:
-    """Run one stage against a run folder; exits 2 with a one-line message on bad input."""
+def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume_folder: str | None = None) -> dict:
+    """Run one stage against a run folder; exits 2 with a one-line message on bad input.
+
+    `resume_folder` (in the run folder) holds what an unfinished attempt of the stage resumes from
+    (train's backups): it goes once the stage is complete, so the next run of the stage starts over."""
     run = parse_args(stage, argv).run_dir
     try:
         config = load_run_config(run)
         for leftover in (lake.error_path(stage), lake.progress_path(stage)):
             lake.delete(lake.join(run, leftover))
-        stale = [name for name in lake.clear_stage(run, stage) if name != stage]
+        cleared = lake.clear_stage(run, stage)
+        if stage in cleared and resume_folder:  # left by a completed run that could not remove it
+            lake.delete(lake.join(run, resume_folder))
+        stale = [name for name in cleared if name != stage]
         if stale:
             note = f"NOTE [{stage}] {', '.join(stale)} read this stage's outputs: no longer complete"
             print(note, file=sys.stderr, flush=True)
@@ -83,6 +89,8 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dic
         stats["stage"] = stage
         stop_spark(spark)
         lake.complete_stage(run, stage, stats)
+        if resume_folder:
+            remove_resume_folder(run, stage, resume_folder)
     except PipelineError as error:
         print(f"ERROR [{stage}] {error}", file=sys.stderr, flush=True)
         record_error(run, stage, str(error), bad_input=True)
@@ -92,6 +100,15 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None) -> dic
         raise
     print(f"[{stage}] done: {json.dumps(brief(stats, f'stats/{stage}.json'), sort_keys=True)}", flush=True)
     return stats
+
+
+def remove_resume_folder(run: str, stage: str, folder: str) -> None:
+    """After the completion marker, never before: a stage that fails before its marker is written
+    resumes from the folder. A completed stage does not fail for it either: its next start removes it."""
+    try:
+        lake.delete(lake.join(run, folder))
+    except OSError as error:
+        warn(stage, f"could not remove {lake.join(run, folder)} ({error}); the stage's next run removes it")
 
 
 def record_error(run: str, stage: str, message: str, bad_input: bool, longest: int = 2000) -> None:

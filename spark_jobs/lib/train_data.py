@@ -1,5 +1,5 @@
-"""Training input: the export stage's manifest, each worker's shards copied to local disk, and
-tf.data pipelines over them."""
+"""Training input: the export stage's manifest, each worker's shards on local disk, and tf.data
+pipelines over them."""
 
 from __future__ import annotations
 
@@ -61,10 +61,13 @@ def worker_shards(manifest: dict, split: str, worker: int, workers: int) -> list
     return manifest["splits"][split]["shards"][worker::workers]
 
 
-def copy_shards(run: str, shards: list[str], local_dir: Path) -> list[str]:
-    """TensorFlow reads no s3:// by itself: copy the shards to local disk (also done for file://,
-    which keeps one code path and costs little)."""
-    return [str(lake.download_file(lake.join(run, "tfrecords", shard), local_dir / shard)) for shard in shards]
+def local_shards(run: str, shards: list[str], local_dir: Path) -> list[str]:
+    """Local paths of the shards for TensorFlow, which reads no s3:// by itself: a lake on local
+    disk's own files, read in place; from S3, copies in local_dir."""
+    uris = [lake.join(run, "tfrecords", shard) for shard in shards]
+    if run.startswith("file://"):
+        return [lake.local_path(uri) for uri in uris]
+    return [str(lake.download_file(uri, local_dir / shard)) for uri, shard in zip(uris, shards)]
 
 
 # A parsed window: input and target ids, int32.

@@ -1,8 +1,9 @@
 """Training-state backups in the run folder (for resuming) and the saved model.
 
 A backup is one .npz with the model's and the optimizer's variables, the step and the stats rows
-so far, written whole by the chief. It only exists while a training is unfinished: the chief
-removes it once the model is saved, so a later train stage starts over.
+so far, written whole by the chief. It only exists while a training is unfinished: the train
+stage's driver removes it once the stage is complete (spark_jobs.lib.stage.run_stage), so a later
+train stage starts over, while a failure before that (another worker, saving, the driver) resumes.
 """
 
 from __future__ import annotations
@@ -15,42 +16,53 @@ from pathlib import Path
 
 import numpy as np
 
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, stages
 
-BACKUP = "checkpoints/state.npz"
+BACKUP_FOLDER = "checkpoints"
+BACKUP = f"{BACKUP_FOLDER}/state.npz"
 MODEL_DIR = "model"
 MODEL_FILE = "model.keras"
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def save_backup(run: str, step: int, model, optimizer, rows: list[dict], fingerprint: str) -> None:
+class OtherSettings(Exception):
+    """A backup was taken with other settings (or TFRecords): resuming it would not continue this training."""
+
+
+def save_backup(run: str, step: int, model, optimizer, rows: list[dict], identity: dict) -> None:
+    """`identity`: the fingerprint a training must have to resume the backup, and its settings."""
     arrays = {f"model_{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}
     arrays |= {f"optimizer_{i}": v.numpy() for i, v in enumerate(optimizer.variables)}
-    meta = {"step": step, "rows": rows, "fingerprint": fingerprint}
+    meta = {"step": step, "rows": rows, **identity}
     buffer = io.BytesIO()
     np.savez(buffer, meta=np.array(json.dumps(meta)), **arrays)
     lake.write_bytes(lake.join(run, BACKUP), buffer.getvalue())
 
 
-def load_backup(run: str, model, optimizer, fingerprint: str) -> dict | None:
+def load_backup(run: str, model, optimizer, identity: dict) -> dict | None:
     """Restore the last backup into the (built) model and optimizer; returns its meta
-    {step, rows}, or None when there is no backup of this training configuration."""
+    {step, rows}, None when there is no backup, or raises OtherSettings naming what differs."""
     uri = lake.join(run, BACKUP)
     if not lake.exists(uri):
         return None
     with np.load(io.BytesIO(lake.read_bytes(uri))) as saved:
         meta = json.loads(str(saved["meta"]))
-        if meta["fingerprint"] != fingerprint:
-            print(f"[train] ignoring {uri}: it was taken with a different model, data or training configuration")
-            return None
+        if meta["fingerprint"] != identity["fingerprint"]:
+            raise OtherSettings(
+                f"ignoring the training backup {uri} (step {meta['step']}): it was taken with "
+                f"{differences(meta, identity['settings'])}; training starts from step 0"
+            )
         model.set_weights([saved[f"model_{i}"] for i in range(len(model.weights))])
         for i, variable in enumerate(optimizer.variables):
             variable.assign(saved[f"optimizer_{i}"])
     return meta
 
 
-def remove_backup(run: str) -> None:
-    lake.delete(lake.join(run, "checkpoints"))
+def differences(meta: dict, settings: dict) -> str:
+    changed = stages.changed_settings(meta["settings"], settings) if "settings" in meta else {}
+    if not changed:
+        return "other settings or TFRecords"
+    return "other settings: " + ", ".join(f"{path} {old!r} -> {new!r}" for path, (old, new) in changed.items())
 
 
 def save_model(run: str, model, tokenizer_json: bytes, is_chief: bool) -> None:

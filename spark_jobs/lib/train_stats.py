@@ -26,6 +26,27 @@ def nats_per_char(loss_per_token: float, tokens: int, chars: int) -> float:
     return loss_per_token * tokens / chars
 
 
+class StepTimes:
+    """An attempt's step times, its first step apart: that one traces and compiles (XLA) the
+    training step, which takes as long as many steps, so throughput leaves it out."""
+
+    def __init__(self):
+        self.compile_s: float | None = None
+        self.steps, self.seconds = 0, 0.0
+
+    def add(self, seconds: float) -> bool:
+        """Count a step; False for the attempt's first one, which is not timed with the others."""
+        if self.compile_s is None:
+            self.compile_s = seconds
+            return False
+        self.steps += 1
+        self.seconds += seconds
+        return True
+
+    def per_step(self) -> float | None:
+        return self.seconds / self.steps if self.steps else None
+
+
 class IntervalStats:
     """Collects per-step figures between two evaluations."""
 
@@ -34,13 +55,16 @@ class IntervalStats:
         self.process.cpu_percent()  # starts the process CPU measurement interval
         psutil.cpu_percent()
         self.losses, self.accuracies, self.grad_norms = [], [], []
-        self.train_seconds = 0.0
+        self.timed_steps, self.train_seconds = 0, 0.0
 
-    def add_step(self, loss: float, accuracy: float, grad_norm: float, seconds: float) -> None:
+    def add_step(self, loss: float, accuracy: float, grad_norm: float, seconds: float | None) -> None:
+        """seconds: None for a step left out of the throughput (an attempt's first, see StepTimes)."""
         self.losses.append(loss)
         self.accuracies.append(accuracy)
         self.grad_norms.append(grad_norm)
-        self.train_seconds += seconds
+        if seconds is not None:
+            self.timed_steps += 1
+            self.train_seconds += seconds
 
     def row(self, *, epoch: int, step: int, duration_s: float, tokens_per_step: int, learning_rate: float,
             val_loss: float, val_accuracy: float, tokens: int, chars: int, workers: int, resumed_from_step: int) -> dict:
@@ -63,7 +87,8 @@ class IntervalStats:
             "grad_norm_min": float(norms.min()),
             "grad_norm_var": float(norms.var()),
             "learning_rate": learning_rate,
-            "tokens_per_s": len(self.losses) * tokens_per_step / max(self.train_seconds, 1e-9),
+            # None (empty) for an interval of the compiling step alone
+            "tokens_per_s": self.timed_steps * tokens_per_step / max(self.train_seconds, 1e-9) if self.timed_steps else None,
             "process_memory_used_mb": memory.rss / MB,
             "process_memory_total_mb": memory.vms / MB,
             # ru_maxrss is in kB on Linux.

@@ -29,7 +29,7 @@ from spark_jobs.lib import lake, memory, train_data, train_state
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import load_run_config
-from spark_jobs.lib.train_stats import IntervalStats, epochs_csv
+from spark_jobs.lib.train_stats import IntervalStats, StepTimes, epochs_csv
 
 EPOCHS_CSV = "stats/epochs.csv"
 # Exit code of a worker stopped by its settings (e.g. a diverging loss): a retry would fail the
@@ -37,10 +37,22 @@ EPOCHS_CSV = "stats/epochs.csv"
 SETTINGS_FAILURE_EXIT = 3
 
 
+# Training settings that only say how often the loop reports, evaluates and backs up: they change
+# no weight and no optimizer state, so a backup taken with other values of them is resumed.
+LOOP_SETTINGS = {"log_interval", "eval_interval", "eval_batches", "checkpoint_interval"}
+
+
+def resume_settings(config: PipelineConfig) -> dict:
+    """The settings that shape the weights and the optimizer's state step by step: the text, its
+    tokens and windows, the embedding, the model, and every training setting but the loop's."""
+    settings = config.model_dump(include={"corpus", "tokenizer", "data", "embedding", "model"})
+    settings["train"] = config.train.model_dump(exclude=LOOP_SETTINGS)
+    return settings
+
+
 def fingerprint(config: PipelineConfig, manifest: dict) -> str:
-    """What a backup must match to be resumed: same data, model and training settings."""
-    settings = {key: config.model_dump()[key] for key in ("data", "embedding", "model", "train")}
-    return hashlib.sha256(json.dumps([settings, manifest], sort_keys=True).encode()).hexdigest()[:16]
+    """What a backup must match to be resumed: the same resume settings and TFRecords."""
+    return hashlib.sha256(json.dumps([resume_settings(config), manifest], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def weights_digest(model) -> str:
@@ -91,7 +103,7 @@ class Worker:
         self.block_size = self.manifest["block_size"]
         self.per_worker_batch = config.train.batch_size // self.workers
         files = {
-            split: train_data.copy_shards(
+            split: train_data.local_shards(
                 run, train_data.worker_shards(self.manifest, split, self.index, self.workers), local_dir
             )
             for split in train_data.SPLITS
@@ -105,8 +117,14 @@ class Worker:
             initialise_embedding(self.model, *embedding_tables(config, run))
             self.optimizer, self.schedule = build_optimizer(config)
             self.optimizer.build(self.model.trainable_variables)
-        self.fingerprint = fingerprint(config, self.manifest)
-        backup = train_state.load_backup(run, self.model, self.optimizer, self.fingerprint)
+        # What a backup must have been taken with to be resumed, and the settings, to name any that differ.
+        self.identity = {"fingerprint": fingerprint(config, self.manifest), "settings": resume_settings(config)}
+        self.warnings: list[str] = []
+        try:
+            backup = train_state.load_backup(run, self.model, self.optimizer, self.identity)
+        except train_state.OtherSettings as ignored:
+            backup = None
+            self.warn(str(ignored))
         self.start_step = backup["step"] if backup else 0
         self.rows = backup["rows"] if backup else []
         windows = sum(self.manifest["splits"][split]["windows"] for split in train_data.SPLITS) // self.workers
@@ -124,6 +142,13 @@ class Worker:
             lambda: train_data.eval_batches(files["val"], self.block_size, self.per_worker_batch, self.in_memory)
         )
         self._compile_steps()
+
+    def warn(self, message: str) -> None:
+        """A warning in the stage's log: the chief's at once on stderr, and through the workers'
+        results in the driver's log and the stage's stats when the training ends."""
+        self.warnings.append(message)
+        if self.is_chief:
+            print(f"WARNING [train] {message}", file=sys.stderr, flush=True)
 
     def memory_room_bytes(self) -> float:
         """What the model leaves of this worker's memory: its budget or what is free, if less."""
@@ -190,26 +215,25 @@ class Worker:
     def train(self) -> dict:
         train = self.config.train
         stats, interval_started = IntervalStats(), time.perf_counter()
-        loop_started, step_seconds = time.perf_counter(), 0.0
+        loop_started, times = time.perf_counter(), StepTimes()
         for step in range(self.start_step + 1, train.max_steps + 1):
             started = time.perf_counter()
             loss, accuracy, norm = (float(value) for value in self.train_step())
             seconds = time.perf_counter() - started
-            step_seconds += seconds
-            stats.add_step(loss, accuracy, norm, seconds)
+            stats.add_step(loss, accuracy, norm, seconds if times.add(seconds) else None)
             if not math.isfinite(loss):  # the same on every worker: the loss is all-reduced
                 raise PipelineError(f"training loss became {loss} at step {step}; lower train.learning_rate")
             if self.is_chief and (step % train.log_interval == 0 or step == train.max_steps):
                 rate = self.tokens_per_step / seconds
                 print(f"[train] step {step}/{train.max_steps} loss {loss:.4f} {rate:,.0f} tokens/s", flush=True)
-                self.report_progress(step, loss, rate, step_seconds / (step - self.start_step))
+                self.report_progress(step, loss, rate, times.per_step() or seconds)
             last = step == train.max_steps
             if step % train.eval_interval == 0 or last:
                 self.record_interval(step, stats, time.perf_counter() - interval_started, last)
                 stats, interval_started = IntervalStats(), time.perf_counter()
             if step % train.checkpoint_interval == 0 and not last and self.is_chief:
-                train_state.save_backup(self.run, step, self.model, self.optimizer, self.rows, self.fingerprint)
-        return self.summary(time.perf_counter() - loop_started, step_seconds)
+                train_state.save_backup(self.run, step, self.model, self.optimizer, self.rows, self.identity)
+        return self.summary(time.perf_counter() - loop_started, times)
 
     def report_progress(self, step: int, loss: float, tokens_per_s: float, seconds_per_step: float) -> None:
         """progress/train.json in the run folder: how far training is, for whoever watches the run."""
@@ -240,37 +264,38 @@ class Worker:
         )  # fmt: skip
         self.rows.append(row)
         if self.is_chief:
+            rate = row["tokens_per_s"]  # None after the compiling step alone
             print(
-                f"[train] step {step}: val loss {val_loss:.4f}, {row['val_nats_per_char']:.4f} nats/char, "
-                f"{row['tokens_per_s']:,.0f} tokens/s",
+                f"[train] step {step}: val loss {val_loss:.4f}, {row['val_nats_per_char']:.4f} nats/char"
+                + (f", {rate:,.0f} tokens/s" if rate is not None else ""),
                 flush=True,
             )
             lake.write_text(lake.join(self.run, EPOCHS_CSV), epochs_csv(self.rows))
 
-    def summary(self, wall_s: float, step_seconds: float) -> dict:
-        """This worker's result: the attempt's steps and speed, and the final evaluation."""
-        steps = self.config.train.max_steps - self.start_step
+    def summary(self, wall_s: float, times: StepTimes) -> dict:
+        """This worker's result: the attempt's steps and speed (its first step, which compiles, apart),
+        and the final evaluation."""
         final = self.rows[-1] if self.rows else {}
         return {
             "worker": self.index,
             "workers": self.workers,
             "resumed_from_step": self.start_step,
-            "steps": steps,
+            "steps": self.config.train.max_steps - self.start_step,
             "train_wall_s": round(wall_s, 3),
-            "tokens_per_s": round(steps * self.tokens_per_step / step_seconds, 1) if steps else None,
+            "compile_s": round(times.compile_s, 3) if times.compile_s is not None else None,
+            "tokens_per_s": round(times.steps * self.tokens_per_step / times.seconds, 1) if times.steps else None,
             "final_val_loss": final.get("val_loss"),
             "final_val_nats_per_char": final.get("val_nats_per_char"),
             "final_val_accuracy": final.get("val_accuracy"),
             "parameters": int(sum(np.prod(w.shape) for w in self.model.trainable_weights)),
             "windows_in_memory": self.in_memory,
             "optimizer_iterations": int(self.optimizer.iterations.numpy()),
+            "warnings": self.warnings,
         }
 
     def save(self) -> None:
         tokenizer = lake.read_bytes(lake.join(self.run, "tokenizer", "tokenizer.json"))
         train_state.save_model(self.run, self.model, tokenizer, self.is_chief)
-        if self.is_chief:
-            train_state.remove_backup(self.run)
 
 
 def embedding_tables(config: PipelineConfig, run: str) -> tuple[np.ndarray | None, np.ndarray]:
