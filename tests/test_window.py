@@ -8,7 +8,7 @@ import gzip
 import numpy as np
 import pytest
 
-from spark_jobs.lib import bpe, corpus
+from spark_jobs.lib import bpe, corpus, windows
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.windows import Piece, check_windows, covered_tokens, cut_windows, plan_windows, window_count, window_starts
 from spark_jobs.tokenize_corpus import encode_task, encode_tasks
@@ -116,6 +116,41 @@ def test_packed_windows_equal_windows_of_the_files_joined_by_the_separator(block
             "windows": len(starts), "tokens": len(stream), "sequences": 1,
             "covered_tokens": covered_tokens(len(stream), block_size, stride),
         }
+
+
+class ReadCountingList(list):
+    """A list that counts the elements read from it: one per index, per item iterated, and per
+    element a slice copies."""
+
+    reads = 0
+
+    def __iter__(self):
+        for item in super().__iter__():
+            ReadCountingList.reads += 1
+            yield item
+
+    def __getitem__(self, index):
+        found = super().__getitem__(index)
+        ReadCountingList.reads += len(found) if isinstance(index, slice) else 1
+        return found
+
+
+@pytest.mark.parametrize("n_files", [1000, 4000])
+@pytest.mark.parametrize("heads", [True, False])  # tokenize plans for the counts alone, without heads
+def test_planning_a_packed_split_reads_each_piece_a_few_times(monkeypatch, n_files, heads):
+    # Packed, a split is one sequence of every file's part: planning must not read the rest of the
+    # sequence for each piece (quadratic: 400,000 files took minutes), nor further than the
+    # block_size tokens a tail needs. The planner walks each sequence's pieces in the list `sorted`
+    # gives it: count what it reads of that list.
+    monkeypatch.setattr(windows, "sorted", lambda *args, **kwargs: ReadCountingList(sorted(*args, **kwargs)), raising=False)
+    ReadCountingList.reads = 0
+    pieces = [Piece(doc_id, "train", number, 3, (1, 2, 3) if heads else ()) for doc_id in range(n_files) for number in (0, 1)]
+    plans, counts = plan_windows(pieces, block_size=16, stride=8, separator=0)
+    stream = [1, 2, 3, 1, 2, 3, 0] * n_files  # two pieces of 3 tokens and the separator a file
+    assert counts["splits"]["train"]["windows"] == window_count(len(stream), 16, 8)
+    if heads:
+        assert plans[(0, "train", 0)].tail == tuple(stream[3:19])
+    assert ReadCountingList.reads <= 10 * len(pieces)
 
 
 def test_windows_never_straddle_the_split_boundary():

@@ -90,6 +90,20 @@ def with_separators(pieces: list[Piece], separator: int, block_size: int) -> tup
     ], ends
 
 
+def following_tokens(ordered: list[Piece], position: int, block_size: int) -> tuple[int, ...]:
+    """The (up to block_size) tokens that follow piece `position` of a sequence, from the heads of
+    the pieces after it. It reads only the pieces those tokens are in (counted by n_tokens, also
+    when heads are left out), so that planning a sequence of many pieces (a packed split is one)
+    takes time in proportion to them."""
+    tail: list[int] = []
+    wanted, following = block_size, position + 1
+    while wanted > 0 and following < len(ordered):
+        tail.extend(ordered[following].head[:wanted])
+        wanted -= ordered[following].n_tokens
+        following += 1
+    return tuple(tail)
+
+
 def plan_windows(
     pieces: list[Piece], block_size: int, stride: int, separator: int | None = None
 ) -> tuple[dict[tuple[int, str, int], PiecePlan], dict]:
@@ -116,18 +130,13 @@ def plan_windows(
             first_k = -(-offset // stride)
             end_k = min(n_windows, -(-(offset + item.n_tokens) // stride))
             count = max(0, end_k - first_k)
-            tail: list[int] = []
-            for following in ordered[position + 1 :]:
-                if len(tail) >= block_size:
-                    break
-                tail.extend(following.head[: block_size - len(tail)])
             key = (item.doc_id, split, item.piece)
             plans[key] = PiecePlan(
                 first=first_k * stride - offset,
                 count=count,
                 offset=offset,
                 index=next_index[split] + first_k if count else next_index[split],
-                tail=tuple(tail) if count else (),
+                tail=following_tokens(ordered, position, block_size) if count else (),
                 append=(separator,) if key in ends else (),
             )
             offset += item.n_tokens
