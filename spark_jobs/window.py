@@ -117,7 +117,7 @@ def body(spark, config, run: str) -> dict:
         separator,
     )
     paths = {row[0]: row[1] for row in rows}
-    warnings = check_windows(counts, block_size, stride, paths)
+    warnings = check_windows(counts, block_size, stride, paths, tokenize.get("val_split", "tail"))
     for message in warnings:
         warn(STAGE, message)
 

@@ -283,6 +283,17 @@ def test_no_window_in_a_split_names_the_file():
     assert warnings[2].startswith("the val windows cover 81% of the val split's tokens")
 
 
+def test_no_validation_window_from_whole_files_suggests_tails():
+    pieces = [Piece(0, "train", 0, 100, ()), Piece(1, "val", 0, 5, ()), Piece(2, "val", 0, 3, ())]
+    _, counts = plan_windows(pieces, block_size=8, stride=4)
+    paths = {0: "/data/a.txt", 1: "/data/b.txt", 2: "/data/c.txt"}
+    with pytest.raises(PipelineError, match=r"validation part has 5 tokens.*data.val_fraction, data.val_split=tail"):
+        check_windows(counts, 8, 4, paths, val_split="files")
+    with pytest.raises(PipelineError) as tails:
+        check_windows(counts, 8, 4, paths, val_split="tail")
+    assert "data.val_split" not in str(tails.value)
+
+
 def test_many_short_parts_make_one_warning_per_split():
     short = [Piece(i, "val", 0, i, ()) for i in range(1, 6)]
     _, counts = plan_windows([Piece(0, "train", 0, 100, ()), Piece(0, "val", 0, 401, ()), *short], block_size=8, stride=4)

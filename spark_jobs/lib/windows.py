@@ -152,10 +152,10 @@ def plan_windows(
 PART_NAMES = {"train": "training part", "val": "validation part"}
 
 
-def check_windows(counts: dict, block_size: int, stride: int, paths: dict[int, str]) -> list[str]:
+def check_windows(counts: dict, block_size: int, stride: int, paths: dict[int, str], val_split: str = "tail") -> list[str]:
     """Stop with a message naming the file(s) when a split has no window at all; return warnings
     for files whose part of a split is too short to give one, and for a split whose windows leave
-    much of its text unused."""
+    much of its text unused. `val_split` is the split tokenize used (data.val_split)."""
     needed = block_size + 1
     for split in SPLITS:
         if counts["splits"].get(split, {}).get("windows", 0) == 0:
@@ -171,6 +171,7 @@ def check_windows(counts: dict, block_size: int, stride: int, paths: dict[int, s
             have = longest["tokens"] if longest else 0
             remedies = ["more text", "a smaller data.block_size"]
             remedies += ["a larger data.val_fraction"] if split == "val" else []
+            remedies += ["data.val_split=tail (each file's last part)"] if split == "val" and val_split == "files" else []
             remedies += ["data.pack_documents=true (windows across files)"] if len(paths) > 1 and longest and not packed else []
             raise PipelineError(
                 f"{where} is shorter than one window: its {PART_NAMES[split]} has {have} tokens and a window needs "
