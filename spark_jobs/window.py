@@ -44,6 +44,8 @@ def read_heads(block_size: int):
     """Executor function: a tokens/ part file -> (doc_id, path, split, piece, n_tokens, first T ids) per row."""
 
     def heads(uri: str) -> list[tuple]:
+        import numpy as np
+
         table = parts.read_parquet(uri)
         columns = {name: table.column(name).to_pylist() for name in ("doc_id", "path", "split", "piece", "n_tokens")}
         ids = table.column("ids")
@@ -54,7 +56,7 @@ def read_heads(block_size: int):
                 columns["split"][row],
                 columns["piece"][row],
                 columns["n_tokens"][row],
-                tuple(ids[row].values[:block_size].to_pylist()),
+                ids[row].values[:block_size].to_numpy(zero_copy_only=False).astype(np.int32),
             )
             for row in range(table.num_rows)
         ]

@@ -21,6 +21,15 @@ SPLITS = ("train", "val")
 PACKED = -1  # the doc_id of a split's one sequence when documents are packed
 
 
+def as_ids(ids) -> np.ndarray:
+    """Token ids as the planner keeps them: int32 arrays, 4 bytes an id against some 36 in a tuple
+    of Python ints (the window stage's driver holds the first block_size ids of every piece)."""
+    return np.asarray(ids, dtype=np.int32)
+
+
+NO_IDS = as_ids(())
+
+
 def window_count(n_tokens: int, block_size: int, stride: int) -> int:
     """Windows of block_size + 1 tokens, `stride` apart, in a sequence of n_tokens."""
     if n_tokens < block_size + 1:
@@ -51,13 +60,13 @@ class PiecePlan:
     count: int  # windows starting in this piece
     offset: int  # position of the piece's first token in its sequence
     index: int  # index of the piece's first window among all windows of its split
-    tail: tuple[int, ...]  # the (up to block_size) tokens that follow the piece in its sequence
+    tail: np.ndarray  # the (up to block_size) tokens that follow the piece in its sequence
     append: tuple[int, ...] = ()  # tokens the sequence has after the piece's own: the separator, when packed
 
     def windows(self, ids: np.ndarray, block_size: int, stride: int, limit: int | None = None):
         """(window starts in the sequence, window indices in the split, windows) of this piece's ids,
         at most `limit` windows at a time."""
-        sequence = np.concatenate([np.asarray(ids, dtype=np.int32), np.asarray(self.append + self.tail, dtype=np.int32)])
+        sequence = np.concatenate([as_ids(ids), as_ids(self.append), as_ids(self.tail)])
         limit = limit or max(self.count, 1)
         for begin in range(0, self.count, limit):
             ks = np.arange(begin, min(begin + limit, self.count), dtype=np.int64)
@@ -73,7 +82,7 @@ class Piece:
     split: str
     piece: int
     n_tokens: int
-    head: tuple[int, ...]  # its first block_size tokens (all of them when shorter)
+    head: np.ndarray  # its first block_size tokens (all of them when shorter): int32, 4 bytes an id
 
 
 def with_separators(pieces: list[Piece], separator: int, block_size: int) -> tuple[list[Piece], set]:
@@ -84,24 +93,24 @@ def with_separators(pieces: list[Piece], separator: int, block_size: int) -> tup
         last[(item.doc_id, item.split)] = max(item.piece, last.get((item.doc_id, item.split), item.piece))
     ends = {(doc_id, split, piece) for (doc_id, split), piece in last.items()}
     return [
-        replace(item, n_tokens=item.n_tokens + 1, head=(item.head + (separator,))[:block_size])
+        replace(item, n_tokens=item.n_tokens + 1, head=np.append(as_ids(item.head), separator)[:block_size])
         if (item.doc_id, item.split, item.piece) in ends else item
         for item in pieces
     ], ends
 
 
-def following_tokens(ordered: list[Piece], position: int, block_size: int) -> tuple[int, ...]:
+def following_tokens(ordered: list[Piece], position: int, block_size: int) -> np.ndarray:
     """The (up to block_size) tokens that follow piece `position` of a sequence, from the heads of
     the pieces after it. It reads only the pieces those tokens are in (counted by n_tokens, also
     when heads are left out), so that planning a sequence of many pieces (a packed split is one)
     takes time in proportion to them."""
-    tail: list[int] = []
+    heads: list[np.ndarray] = [NO_IDS]
     wanted, following = block_size, position + 1
     while wanted > 0 and following < len(ordered):
-        tail.extend(ordered[following].head[:wanted])
+        heads.append(as_ids(ordered[following].head[:wanted]))
         wanted -= ordered[following].n_tokens
         following += 1
-    return tuple(tail)
+    return np.concatenate(heads)
 
 
 def plan_windows(
@@ -136,7 +145,7 @@ def plan_windows(
                 count=count,
                 offset=offset,
                 index=next_index[split] + first_k if count else next_index[split],
-                tail=following_tokens(ordered, position, block_size) if count else (),
+                tail=following_tokens(ordered, position, block_size) if count else NO_IDS,
                 append=(separator,) if key in ends else (),
             )
             offset += item.n_tokens
