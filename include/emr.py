@@ -263,22 +263,30 @@ def corpus_objects(config: PipelineConfig, s3_hook) -> dict[str, int]:
     found = {}
     for pattern in config.corpus:
         folder, globs = lake.split_glob(pattern)
-        bucket, prefix = split_s3_uri(folder)
-        prefix = prefix.rstrip("/")
-        matched = {}
-        for item in s3_hook.iter_file_metadata(prefix, bucket_name=bucket):
-            key = item["Key"]
-            relative = key[len(prefix) + 1 :] if prefix else key
-            if key == prefix and not globs:
-                matched = {f"s3://{bucket}/{key}": item["Size"]}
-                break
-            below = not prefix or key.startswith(prefix + "/")
-            if below and not key.endswith("/") and lake.matches(relative.split("/"), globs or ["**"]):
-                matched[f"s3://{bucket}/{key}"] = item["Size"]
+        # A name holding a glob's characters ('Hamlet [1603].txt') is taken as it is when it exists.
+        matched = matching_objects(s3_hook, pattern, []) if globs else {}
+        matched = matched or matching_objects(s3_hook, folder, globs)
         if not matched:
             raise PipelineError(f"corpus {pattern} matches no object on S3")
         found |= matched
     return dict(sorted(found.items()))
+
+
+def matching_objects(s3_hook, folder: str, globs: list[str]) -> dict[str, int]:
+    """{URI: size} of the object `folder` names, else of the objects below it that match `globs`
+    (all of them for none)."""
+    bucket, prefix = split_s3_uri(folder)
+    prefix = prefix.rstrip("/")
+    matched = {}
+    for item in s3_hook.iter_file_metadata(prefix, bucket_name=bucket):
+        key = item["Key"]
+        relative = key[len(prefix) + 1 :] if prefix else key
+        if key == prefix and not globs:
+            return {f"s3://{bucket}/{key}": item["Size"]}
+        below = not prefix or key.startswith(prefix + "/")
+        if below and not key.endswith("/") and lake.matches(relative.split("/"), globs or ["**"]):
+            matched[f"s3://{bucket}/{key}"] = item["Size"]
+    return matched
 
 
 def upload_run(config: PipelineConfig, run_id: str, s3_client) -> dict[str, str]:

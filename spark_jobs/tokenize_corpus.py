@@ -6,7 +6,9 @@
    (skip); empty files are left out.
 3. The driver splits the files into training and validation text (data.val_split: whole files or
    the tail of each), trains a byte-level BPE on the training text, at most
-   tokenizer.train_sample_mb MB of it, and writes tokenizer.json.
+   tokenizer.train_sample_mb MB of it, and writes tokenizer.json. With data.val_split=auto and
+   data.pack_documents off, whole validation files that give no window after step 4 (while the
+   training files give some) make it split by tails instead and do steps 3 and 4 again.
 4. Executors encode the pieces with the tokenizer broadcast to them and write tokens/ with pyarrow,
    one part file per task (consecutive pieces of about the same total size: a large file's pieces
    get one each, small files share one), one row per piece and split: doc_id (the file's index in
@@ -29,6 +31,7 @@ from spark_jobs.lib.stage import run_stage, warn
 from spark_jobs.lib.windows import SPLITS, Piece as WindowPiece, check_windows, plan_windows
 
 STAGE = "tokenize"
+TOKENIZER = "tokenizer/tokenizer.json"  # in the run folder
 
 
 def encode_tasks(pieces: list[corpus.Piece], scans: list[corpus.Scan], documents: list[corpus.Document]) -> list[tuple]:
@@ -109,33 +112,22 @@ def body(spark, config, run: str) -> dict:
         warn(STAGE, message)
     timings["scan_s"] = time.perf_counter() - started
 
-    started = time.perf_counter()
-    cap = int(config.tokenizer.train_sample_mb * 1_000_000)
-    sample = corpus.training_sample(documents, cap)
-    tokenizer = bpe.train(sample, config.tokenizer.vocab_size, config.tokenizer.min_frequency)
-    tokenizer_json = tokenizer.to_str()
-    tokenizer_uri = lake.join(run, "tokenizer", "tokenizer.json")
-    lake.write_text(tokenizer_uri, tokenizer_json)
-    timings["train_bpe_s"] = time.perf_counter() - started
-
-    started = time.perf_counter()
-    groups = corpus.pack(encode_tasks(pieces, scans, documents), lambda task: corpus.piece_size(task[0]), task_bytes)
-    tokens_uri = lake.join(run, "tokens")
-    lake.delete(tokens_uri)
-    encode = encode_task(groups, sc.broadcast(tokenizer_json), tokens_uri)
-    rows = sc.parallelize(range(len(groups)), len(groups)).flatMap(encode).collect()
-    corpus.check_unchanged(documents, rows)
-    timings["encode_s"] = time.perf_counter() - started
-
+    encoded = encode_corpus(sc, config, run, pieces, scans, documents, task_bytes, timings)
+    if val_split == "files" and config.data.val_split == "auto" and too_short_validation_files(config, encoded):
+        message = (
+            f"data.val_split=auto: the whole files taken for validation are each shorter than one window "
+            f"(data.block_size + 1 = {config.data.block_size + 1} tokens); validation takes the tail of every "
+            "file instead (data.val_split=tail), tokenized again"
+        )
+        warn(STAGE, message)
+        warnings.append(message)
+        documents, val_split = corpus.split_validation(documents, config.data.val_fraction, "tail")
+        encoded = encode_corpus(sc, config, run, pieces, scans, documents, task_bytes, timings)
+    tokenizer, sample, groups, rows = encoded
     # The window check, early: a split without a single window stops the run here. Its warnings
     # (files too short for a window, text the windows leave unused) come from the window stage.
-    _, counts = plan_windows(
-        [WindowPiece(row["doc_id"], row["split"], row["piece"], row["n_tokens"], ()) for row in rows],
-        config.data.block_size,
-        config.data.stride,
-        bpe.separator_id(tokenizer) if config.data.pack_documents else None,
-    )
-    check_windows(counts, config.data.block_size, config.data.stride, {doc.doc_id: doc.path for doc in documents})
+    paths = {doc.doc_id: doc.path for doc in documents}
+    check_windows(window_counts(config, encoded), config.data.block_size, config.data.stride, paths, val_split=val_split)
     # Counted from the rows rather than the window plan, which with data.pack_documents sees one
     # sequence per split and counts the separators between files.
     splits = {
@@ -158,11 +150,52 @@ def body(spark, config, run: str) -> dict:
             "vocab_size": tokenizer.get_vocab_size(),
             "configured_vocab_size": config.tokenizer.vocab_size,
             "sample_chars": sum(len(text) for text in sample),
-            "sample_cap_bytes": cap,
+            "sample_cap_bytes": int(config.tokenizer.train_sample_mb * 1_000_000),
         },
         "timings": {key: round(value, 3) for key, value in timings.items()},
-        "outputs": {"tokenizer": tokenizer_uri, "tokens": tokens_uri},
+        "outputs": {"tokenizer": lake.join(run, TOKENIZER), "tokens": lake.join(run, "tokens")},
     }
+
+
+def encode_corpus(sc, config, run: str, pieces, scans, documents, task_bytes: int, timings: dict) -> tuple:
+    """Train the tokenizer on the documents' training parts and encode every piece into tokens/:
+    (tokenizer, its training sample, the encoding tasks, the tokens/ rows). Adds to `timings`."""
+    started = time.perf_counter()
+    cap = int(config.tokenizer.train_sample_mb * 1_000_000)
+    sample = corpus.training_sample(documents, cap)
+    tokenizer = bpe.train(sample, config.tokenizer.vocab_size, config.tokenizer.min_frequency)
+    tokenizer_json = tokenizer.to_str()
+    lake.write_text(lake.join(run, TOKENIZER), tokenizer_json)
+    timings["train_bpe_s"] = timings.get("train_bpe_s", 0) + time.perf_counter() - started
+
+    started = time.perf_counter()
+    groups = corpus.pack(encode_tasks(pieces, scans, documents), lambda task: corpus.piece_size(task[0]), task_bytes)
+    tokens_uri = lake.join(run, "tokens")
+    lake.delete(tokens_uri)
+    encode = encode_task(groups, sc.broadcast(tokenizer_json), tokens_uri)
+    rows = sc.parallelize(range(len(groups)), len(groups)).flatMap(encode).collect()
+    corpus.check_unchanged(documents, rows)
+    timings["encode_s"] = timings.get("encode_s", 0) + time.perf_counter() - started
+    return tokenizer, sample, groups, rows
+
+
+def window_counts(config, encoded: tuple) -> dict:
+    """The window plan's counts of the encoded corpus (see spark_jobs.lib.windows.plan_windows)."""
+    tokenizer, _, _, rows = encoded
+    _, counts = plan_windows(
+        [WindowPiece(row["doc_id"], row["split"], row["piece"], row["n_tokens"], ()) for row in rows],
+        config.data.block_size,
+        config.data.stride,
+        bpe.separator_id(tokenizer) if config.data.pack_documents else None,
+    )
+    return counts
+
+
+def too_short_validation_files(config, encoded: tuple) -> bool:
+    """Whether whole validation files give no window where each file's tail might: windows per
+    file (no data.pack_documents), and the training files give some."""
+    splits = window_counts(config, encoded)["splits"]
+    return not config.data.pack_documents and splits["val"]["windows"] == 0 and splits["train"]["windows"] > 0
 
 
 if __name__ == "__main__":

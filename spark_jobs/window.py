@@ -44,6 +44,8 @@ def read_heads(block_size: int):
     """Executor function: a tokens/ part file -> (doc_id, path, split, piece, n_tokens, first T ids) per row."""
 
     def heads(uri: str) -> list[tuple]:
+        import numpy as np
+
         table = parts.read_parquet(uri)
         columns = {name: table.column(name).to_pylist() for name in ("doc_id", "path", "split", "piece", "n_tokens")}
         ids = table.column("ids")
@@ -54,7 +56,7 @@ def read_heads(block_size: int):
                 columns["split"][row],
                 columns["piece"][row],
                 columns["n_tokens"][row],
-                tuple(ids[row].values[:block_size].to_pylist()),
+                ids[row].values[:block_size].to_numpy(zero_copy_only=False).astype(np.int32),
             )
             for row in range(table.num_rows)
         ]
@@ -117,7 +119,7 @@ def body(spark, config, run: str) -> dict:
         separator,
     )
     paths = {row[0]: row[1] for row in rows}
-    warnings = check_windows(counts, block_size, stride, paths)
+    warnings = check_windows(counts, block_size, stride, paths, tokenize.get("val_split", "tail"))
     for message in warnings:
         warn(STAGE, message)
 

@@ -151,6 +151,15 @@ def test_run_name_defaults_to_the_corpus_name(corpus, name):
     assert load_config(overrides=[{"corpus": corpus, "run_name": "mine"}]).run_name == "mine"
 
 
+def test_a_corpus_file_named_with_glob_characters_names_the_run(tmp_path):
+    (tmp_path / "plays").mkdir()
+    (tmp_path / "plays" / "Hamlet [1603].txt").write_text("text\n")
+    for corpus in (tmp_path / "plays" / "Hamlet [1603].txt", "file://" + str(tmp_path / "plays" / "Hamlet [1603].txt")):
+        assert load_config(overrides=[{"corpus": str(corpus)}]).run_name == "Hamlet-1603"
+    # No such file: a glob, named after the folder it starts in.
+    assert load_config(overrides=[{"corpus": str(tmp_path / "plays" / "Hamlet [12].txt")}]).run_name == "plays"
+
+
 def test_config_file_errors(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")

@@ -197,6 +197,26 @@ def test_many_small_files_give_whole_files_to_validation(spark, tmp_path, capsys
     assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("WARNING")]
 
 
+def test_validation_files_too_short_for_a_window_give_way_to_tails(spark, tmp_path, capsys, shakespeare):
+    # A book and 30 notes: the notes make up about the validation share, but each is shorter than a
+    # window (30 bytes, so at most 30 tokens, and a window needs 33). The book's tail gives windows.
+    text = shakespeare.read_text(encoding="utf-8")
+    folder = tmp_path / "book-and-notes"
+    folder.mkdir()
+    (folder / "book.txt").write_text(text[:12_000], encoding="utf-8")
+    for i in range(30):
+        (folder / f"note{i:02d}.txt").write_text(text[20_000 + 100 * i : 20_030 + 100 * i], encoding="utf-8")
+    run, code = run_tokenize(small_config(tmp_path, folder / "*.txt"), "auto")
+    assert code == 0
+    stats = lake.read_json(lake.stats_uri(run, "tokenize"))
+    assert stats["val_split"] == "tail" and stats["splits"]["val"]["documents"] == 31
+    assert any("validation takes the tail of every file instead" in warning for warning in stats["warnings"])
+
+    run, code = run_tokenize(small_config(tmp_path, folder / "*.txt", ["data.val_split=files"]), "files")
+    line = error_line(capsys)
+    assert code == 2 and "its validation part has" in line and "data.val_split=tail" in line
+
+
 def test_re_running_a_stage_clears_the_stages_that_read_it(spark, tmp_path, capsys, shakespeare_slice):
     run, code = run_tokenize(small_config(tmp_path, shakespeare_slice))
     run_stage("window", window.body, ["--run-dir", run])

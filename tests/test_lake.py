@@ -86,16 +86,37 @@ def test_a_corpus_glob_matches_in_any_path_component(folder, pattern, wanted):
     expected = {lake.join(folder, name): 5 for name in sorted(wanted)}
     assert lake.expand(uri) == expected
     if folder.startswith("s3://"):  # the EMR target's check before the cluster: the same objects
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+        assert_emr_lists(uri, expected)
 
-        from include import emr
 
-        config = load_config(overrides=[{"corpus": uri}])
-        if wanted:
-            assert emr.corpus_objects(config, S3Hook(aws_conn_id="aws_default")) == expected
-        else:
-            with pytest.raises(PipelineError, match="matches no object on S3"):
-                emr.corpus_objects(config, S3Hook(aws_conn_id="aws_default"))
+def assert_emr_lists(uri: str, expected: dict[str, int]) -> None:
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    from include import emr
+
+    config = load_config(overrides=[{"corpus": uri}])
+    if expected:
+        assert emr.corpus_objects(config, S3Hook(aws_conn_id="aws_default")) == expected, uri
+    else:
+        with pytest.raises(PipelineError, match="matches no object on S3"):
+            emr.corpus_objects(config, S3Hook(aws_conn_id="aws_default"))
+
+
+@pytest.mark.parametrize(
+    "pattern, wanted",
+    [("Hamlet [1603].txt", ["Hamlet [1603].txt"]), ("what?.txt", ["what?.txt"]), ("drafts [old]", ["drafts [old]/a.txt"]),
+     ("Hamlet [12].txt", ["Hamlet 1.txt"]),  # no such file: a glob
+     ("Hamlet [[]1603].txt", ["Hamlet [1603].txt"])],  # '[[]' matches a '['
+)  # fmt: skip
+def test_a_name_holding_glob_characters_is_taken_as_it_is_when_it_exists(folder, pattern, wanted):
+    # As globs, 'Hamlet [1603].txt' would match 'Hamlet 1.txt' and not itself, 'what?.txt' also 'whatX.txt'.
+    for name in ["Hamlet [1603].txt", "Hamlet 1.txt", "what?.txt", "whatX.txt", "drafts [old]/a.txt", "drafts o/a.txt"]:
+        lake.write_text(lake.join(folder, name), "text\n")
+    uri = lake.join(folder, pattern)
+    expected = {lake.join(folder, name): 5 for name in wanted}
+    assert lake.expand(uri) == expected
+    if folder.startswith("s3://"):
+        assert_emr_lists(uri, expected)
 
 
 def test_links_in_a_local_corpus_count_each_file_once(tmp_path):

@@ -78,15 +78,27 @@ def is_glob(name: str) -> bool:
     return any(char in name for char in "*?[")
 
 
+def is_local_file_or_folder(path_or_uri: str) -> bool:
+    """Whether a path or URI names a file or folder on local disk as it is, glob characters
+    ('Hamlet [1603].txt') included."""
+    try:
+        uri = to_uri(path_or_uri)
+    except ValueError:
+        return False
+    return uri.startswith("file://") and os.path.exists(uri.removeprefix("file://"))
+
+
 def corpus_name(corpus: str) -> str:
     """A run name from a corpus path, glob or URI: the file name without its extension, or the
-    name of the folder a glob starts in ("data/books/*.txt" and "data/books/*/*.txt" -> "books")."""
+    name of the folder a glob starts in ("data/books/*.txt" and "data/books/*/*.txt" -> "books").
+    A local name holding a glob's characters is a glob only when no such file or folder exists,
+    as the corpus listing takes it (an S3 one always is: the config is read without S3 at hand)."""
     path = corpus.split("://", 1)[-1].rstrip("/")
     components = path.split("/")
-    globbed = [index for index, component in enumerate(components) if is_glob(component)]
+    globbed = [] if is_local_file_or_folder(corpus) else [i for i, part in enumerate(components) if is_glob(part)]
     name = components[globbed[0] - 1] if globbed else components[-1]
     name = unicodedata.normalize("NFKD", posixpath.splitext(name)[0]).encode("ascii", "ignore").decode()
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).lstrip("_.-")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).lstrip("_.-").rstrip("-")
     return name[:40] or "corpus"
 
 

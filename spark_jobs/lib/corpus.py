@@ -13,7 +13,8 @@ The train/validation split (data.val_split) takes about `val_fraction` of the ch
 as whole files (`files`: a corpus of many small documents, where a tail of each would be shorter
 than a window and lost) or as the last `val_fraction` of every file (`tail`: the boundary is
 character int(n_chars * (1 - val_fraction)), nanoGPT's shakespeare split). `auto` takes whole
-files when they can make up at least half the wanted share, else tails.
+files when they can make up at least half the wanted share, else tails (and the tokenize stage
+takes tails too when the whole files turn out too short for a window).
 """
 
 from __future__ import annotations

@@ -173,8 +173,11 @@ def expand(pattern: str) -> dict[str, int]:
     path component may be a glob (`*`, `?`, `[…]`, each matching within one component), and `**`
     matches any number of folders: data/*/part-*.txt, s3://bucket/books/**/*.txt. Below a folder
     or a glob, names starting with '.' or '_' are hidden, as Hadoop and Spark take them (.DS_Store,
-    .git/, _SUCCESS, .part-0.crc), unless the glob's own component starts so."""
+    .git/, _SUCCESS, .part-0.crc), unless the glob's own component starts so. A name holding a
+    glob's characters ('Hamlet [1603].txt') is taken as it is when such a file or folder exists."""
     folder, globs = split_glob(pattern)
+    if globs and exists(pattern):
+        folder, globs = pattern, []
     fs, path = filesystem(folder)
     info = fs.get_file_info(path)
     if not globs and info.type == pafs.FileType.File:

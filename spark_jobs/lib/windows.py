@@ -21,6 +21,15 @@ SPLITS = ("train", "val")
 PACKED = -1  # the doc_id of a split's one sequence when documents are packed
 
 
+def as_ids(ids) -> np.ndarray:
+    """Token ids as the planner keeps them: int32 arrays, 4 bytes an id against some 36 in a tuple
+    of Python ints (the window stage's driver holds the first block_size ids of every piece)."""
+    return np.asarray(ids, dtype=np.int32)
+
+
+NO_IDS = as_ids(())
+
+
 def window_count(n_tokens: int, block_size: int, stride: int) -> int:
     """Windows of block_size + 1 tokens, `stride` apart, in a sequence of n_tokens."""
     if n_tokens < block_size + 1:
@@ -51,13 +60,13 @@ class PiecePlan:
     count: int  # windows starting in this piece
     offset: int  # position of the piece's first token in its sequence
     index: int  # index of the piece's first window among all windows of its split
-    tail: tuple[int, ...]  # the (up to block_size) tokens that follow the piece in its sequence
+    tail: np.ndarray  # the (up to block_size) tokens that follow the piece in its sequence
     append: tuple[int, ...] = ()  # tokens the sequence has after the piece's own: the separator, when packed
 
     def windows(self, ids: np.ndarray, block_size: int, stride: int, limit: int | None = None):
         """(window starts in the sequence, window indices in the split, windows) of this piece's ids,
         at most `limit` windows at a time."""
-        sequence = np.concatenate([np.asarray(ids, dtype=np.int32), np.asarray(self.append + self.tail, dtype=np.int32)])
+        sequence = np.concatenate([as_ids(ids), as_ids(self.append), as_ids(self.tail)])
         limit = limit or max(self.count, 1)
         for begin in range(0, self.count, limit):
             ks = np.arange(begin, min(begin + limit, self.count), dtype=np.int64)
@@ -73,7 +82,7 @@ class Piece:
     split: str
     piece: int
     n_tokens: int
-    head: tuple[int, ...]  # its first block_size tokens (all of them when shorter)
+    head: np.ndarray  # its first block_size tokens (all of them when shorter): int32, 4 bytes an id
 
 
 def with_separators(pieces: list[Piece], separator: int, block_size: int) -> tuple[list[Piece], set]:
@@ -84,10 +93,24 @@ def with_separators(pieces: list[Piece], separator: int, block_size: int) -> tup
         last[(item.doc_id, item.split)] = max(item.piece, last.get((item.doc_id, item.split), item.piece))
     ends = {(doc_id, split, piece) for (doc_id, split), piece in last.items()}
     return [
-        replace(item, n_tokens=item.n_tokens + 1, head=(item.head + (separator,))[:block_size])
+        replace(item, n_tokens=item.n_tokens + 1, head=np.append(as_ids(item.head), separator)[:block_size])
         if (item.doc_id, item.split, item.piece) in ends else item
         for item in pieces
     ], ends
+
+
+def following_tokens(ordered: list[Piece], position: int, block_size: int) -> np.ndarray:
+    """The (up to block_size) tokens that follow piece `position` of a sequence, from the heads of
+    the pieces after it. It reads only the pieces those tokens are in (counted by n_tokens, also
+    when heads are left out), so that planning a sequence of many pieces (a packed split is one)
+    takes time in proportion to them."""
+    heads: list[np.ndarray] = [NO_IDS]
+    wanted, following = block_size, position + 1
+    while wanted > 0 and following < len(ordered):
+        heads.append(as_ids(ordered[following].head[:wanted]))
+        wanted -= ordered[following].n_tokens
+        following += 1
+    return np.concatenate(heads)
 
 
 def plan_windows(
@@ -116,18 +139,13 @@ def plan_windows(
             first_k = -(-offset // stride)
             end_k = min(n_windows, -(-(offset + item.n_tokens) // stride))
             count = max(0, end_k - first_k)
-            tail: list[int] = []
-            for following in ordered[position + 1 :]:
-                if len(tail) >= block_size:
-                    break
-                tail.extend(following.head[: block_size - len(tail)])
             key = (item.doc_id, split, item.piece)
             plans[key] = PiecePlan(
                 first=first_k * stride - offset,
                 count=count,
                 offset=offset,
                 index=next_index[split] + first_k if count else next_index[split],
-                tail=tuple(tail) if count else (),
+                tail=following_tokens(ordered, position, block_size) if count else NO_IDS,
                 append=(separator,) if key in ends else (),
             )
             offset += item.n_tokens
@@ -143,10 +161,10 @@ def plan_windows(
 PART_NAMES = {"train": "training part", "val": "validation part"}
 
 
-def check_windows(counts: dict, block_size: int, stride: int, paths: dict[int, str]) -> list[str]:
+def check_windows(counts: dict, block_size: int, stride: int, paths: dict[int, str], val_split: str = "tail") -> list[str]:
     """Stop with a message naming the file(s) when a split has no window at all; return warnings
     for files whose part of a split is too short to give one, and for a split whose windows leave
-    much of its text unused."""
+    much of its text unused. `val_split` is the split tokenize used (data.val_split)."""
     needed = block_size + 1
     for split in SPLITS:
         if counts["splits"].get(split, {}).get("windows", 0) == 0:
@@ -162,6 +180,7 @@ def check_windows(counts: dict, block_size: int, stride: int, paths: dict[int, s
             have = longest["tokens"] if longest else 0
             remedies = ["more text", "a smaller data.block_size"]
             remedies += ["a larger data.val_fraction"] if split == "val" else []
+            remedies += ["data.val_split=tail (each file's last part)"] if split == "val" and val_split == "files" else []
             remedies += ["data.pack_documents=true (windows across files)"] if len(paths) > 1 and longest and not packed else []
             raise PipelineError(
                 f"{where} is shorter than one window: its {PART_NAMES[split]} has {have} tokens and a window needs "
