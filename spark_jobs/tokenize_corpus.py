@@ -31,7 +31,6 @@ from spark_jobs.lib.stage import run_stage, warn
 from spark_jobs.lib.windows import SPLITS, Piece as WindowPiece, check_windows, plan_windows
 
 STAGE = "tokenize"
-TOKENIZER = "tokenizer/tokenizer.json"  # in the run folder
 
 
 def encode_tasks(pieces: list[corpus.Piece], scans: list[corpus.Scan], documents: list[corpus.Document]) -> list[tuple]:
@@ -153,7 +152,7 @@ def body(spark, config, run: str) -> dict:
             "sample_cap_bytes": int(config.tokenizer.train_sample_mb * 1_000_000),
         },
         "timings": {key: round(value, 3) for key, value in timings.items()},
-        "outputs": {"tokenizer": lake.join(run, TOKENIZER), "tokens": lake.join(run, "tokens")},
+        "outputs": {"tokenizer": lake.join(run, lake.TOKENIZER_PATH), "tokens": lake.join(run, "tokens")},
     }
 
 
@@ -165,7 +164,7 @@ def encode_corpus(sc, config, run: str, pieces, scans, documents, task_bytes: in
     sample = corpus.training_sample(documents, cap)
     tokenizer = bpe.train(sample, config.tokenizer.vocab_size, config.tokenizer.min_frequency)
     tokenizer_json = tokenizer.to_str()
-    lake.write_text(lake.join(run, TOKENIZER), tokenizer_json)
+    lake.write_text(lake.join(run, lake.TOKENIZER_PATH), tokenizer_json)
     timings["train_bpe_s"] = timings.get("train_bpe_s", 0) + time.perf_counter() - started
 
     started = time.perf_counter()

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from spark_jobs.lib import bpe, lake, parts
 from spark_jobs.lib.stage import run_stage, warn
 from spark_jobs.lib.windows import SPLITS, Piece, check_windows, plan_windows
@@ -44,8 +46,6 @@ def read_heads(block_size: int):
     """Executor function: a tokens/ part file -> (doc_id, path, split, piece, n_tokens, first T ids) per row."""
 
     def heads(uri: str) -> list[tuple]:
-        import numpy as np
-
         table = parts.read_parquet(uri)
         columns = {name: table.column(name).to_pylist() for name in ("doc_id", "path", "split", "piece", "n_tokens")}
         ids = table.column("ids")
@@ -104,14 +104,14 @@ def cut_file(plans, block_size: int, stride: int, windows_uri: str):
 
 def body(spark, config, run: str) -> dict:
     sc = spark.sparkContext
-    lake.require_stage(run, "tokenize")
+    tokenize = lake.require_stage(run, "tokenize")
     block_size, stride = config.data.block_size, config.data.stride
     started = time.perf_counter()
     files = parts.stage_parquet_files(run, "tokenize", "tokens")
     rows = sc.parallelize(files, len(files)).flatMap(read_heads(block_size)).collect()
     separator = None
     if config.data.pack_documents:
-        separator = bpe.separator_id(bpe.from_json(lake.read_text(lake.join(run, "tokenizer", "tokenizer.json"))))
+        separator = bpe.separator_id(bpe.from_json(lake.read_text(lake.join(run, lake.TOKENIZER_PATH))))
     plans, counts = plan_windows(
         [Piece(doc_id, split, piece, n_tokens, head) for doc_id, _, split, piece, n_tokens, head in rows],
         block_size,

@@ -29,6 +29,7 @@ CONFIG_FILE = "config.json"
 # The run's report, written by the collect task once every stage has completed.
 REPORT_JSON = "report.json"
 REPORT_TEXT = "report.md"
+TOKENIZER_PATH = "tokenizer/tokenizer.json"  # tokenize's, read by window (packed) and train
 LOCAL_FILESYSTEM = pafs.LocalFileSystem()
 COPY_CHUNK_BYTES = 8 * 2**20
 

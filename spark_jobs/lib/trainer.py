@@ -294,7 +294,7 @@ class Worker:
         }
 
     def save(self) -> None:
-        tokenizer = lake.read_bytes(lake.join(self.run, "tokenizer", "tokenizer.json"))
+        tokenizer = lake.read_bytes(lake.join(self.run, lake.TOKENIZER_PATH))
         train_state.save_model(self.run, self.model, tokenizer, self.is_chief)
 
 
