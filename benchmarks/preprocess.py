@@ -102,7 +102,7 @@ def measure(megabytes: float, files: int, overrides: list[str], cores: int, repe
                              "timings": stats.get("timings", {})}  # fmt: skip
         tokenize = lake.read_json(lake.stats_uri(run, "tokenize"))
         tokens = sum(split["tokens"] for split in tokenize["splits"].values())
-        tokenizer_json = lake.read_text(lake.join(run, "tokenizer", "tokenizer.json"))
+        tokenizer_json = lake.read_text(lake.join(run, lake.TOKENIZER_PATH))
         bare = bare_tokenizer(tokenizer_json, text, cores, repeats)
         return {"corpus": name, "mb": len(text.encode("utf-8")) / 1e6, "tokens": tokens, "stages": stages, "bare": bare}
     finally:

@@ -19,8 +19,10 @@ the `gpt_pipeline_model` asset, which DAGs that use the model can be scheduled o
 
 Defaults come from include/config/pipeline.yaml; the trigger form changes them for one run and
 the first task validates the result with the config model, checks the corpus, and checks that the
-model fits a training worker's memory (spark_jobs/lib/memory.py); `target` and `schedule` are the
-DAG's own and a run cannot change them. On EMR a failed step is retried once on the same cluster,
+model fits a training worker's memory (spark_jobs/lib/memory.py). `target`, `schedule`,
+`s3.bucket` and `s3.prefix` (with `target: emr` also `emr.region`, `emr.aws_conn_id` and
+`emr.poke_interval_seconds`) are the DAG's own and a run cannot change them; a run may lower
+`emr.max_cost_usd` for itself, not raise it. On EMR a failed step is retried once on the same cluster,
 unless it stopped on bad input or the cluster ended. Runs start by hand, on the `schedule:` of
 pipeline.yaml (none by default), and whenever the corpus asset is updated.
 """

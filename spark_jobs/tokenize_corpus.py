@@ -112,7 +112,8 @@ def body(spark, config, run: str) -> dict:
     timings["scan_s"] = time.perf_counter() - started
 
     encoded = encode_corpus(sc, config, run, pieces, scans, documents, task_bytes, timings)
-    if val_split == "files" and config.data.val_split == "auto" and too_short_validation_files(config, encoded):
+    counts = window_counts(config, encoded)
+    if val_split == "files" and config.data.val_split == "auto" and too_short_validation_files(config, counts):
         message = (
             f"data.val_split=auto: the whole files taken for validation are each shorter than one window "
             f"(data.block_size + 1 = {config.data.block_size + 1} tokens); validation takes the tail of every "
@@ -122,11 +123,12 @@ def body(spark, config, run: str) -> dict:
         warnings.append(message)
         documents, val_split = corpus.split_validation(documents, config.data.val_fraction, "tail")
         encoded = encode_corpus(sc, config, run, pieces, scans, documents, task_bytes, timings)
+        counts = window_counts(config, encoded)
     tokenizer, sample, groups, rows = encoded
     # The window check, early: a split without a single window stops the run here. Its warnings
     # (files too short for a window, text the windows leave unused) come from the window stage.
     paths = {doc.doc_id: doc.path for doc in documents}
-    check_windows(window_counts(config, encoded), config.data.block_size, config.data.stride, paths, val_split=val_split)
+    check_windows(counts, config.data.block_size, config.data.stride, paths, val_split=val_split)
     # Counted from the rows rather than the window plan, which with data.pack_documents sees one
     # sequence per split and counts the separators between files.
     splits = {
@@ -190,10 +192,10 @@ def window_counts(config, encoded: tuple) -> dict:
     return counts
 
 
-def too_short_validation_files(config, encoded: tuple) -> bool:
-    """Whether whole validation files give no window where each file's tail might: windows per
-    file (no data.pack_documents), and the training files give some."""
-    splits = window_counts(config, encoded)["splits"]
+def too_short_validation_files(config, counts: dict) -> bool:
+    """Whether whole validation files give no window (`counts`: the window plan's) where each
+    file's tail might: windows per file (no data.pack_documents), and the training files give some."""
+    splits = counts["splits"]
     return not config.data.pack_documents and splits["val"]["windows"] == 0 and splits["train"]["windows"] > 0
 
 
