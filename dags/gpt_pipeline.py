@@ -206,7 +206,7 @@ def prune_runs(run_dir: str) -> list[str]:
 
     removed = remove_old_runs(run_dir, S3Hook(aws_conn_id=AWS_CONN_ID))
     for uri in removed:
-        log.info("removed %s (keep_runs: its record on S3 stays)", uri)
+        log.info("removed %s (keep_runs; its record stays where collect copied it)", uri)
     return removed
 
 

@@ -61,8 +61,7 @@ def airflow_env(home: Path, s3: LocalS3) -> dict[str, str]:
             "PATH": os.pathsep.join(filter(None, [str(AIRFLOW.parent), os.environ.get("PATH")])),
         }
     )
-    env.update(s3.connection_env())
-    return env
+    return s3.isolated_env(env)
 
 
 def prepare(home: Path, s3: LocalS3) -> dict[str, str]:
@@ -182,7 +181,8 @@ def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterabl
     for message in report["warnings"]:
         print(f"warning:          {message}")
     if removed:
-        print(f"keep_runs:        removed {len(removed)} older run folder(s): {name_some(sorted(removed))}")
+        print(f"keep_runs:        removed {len(removed)} older run folder(s), their only copy (the S3 records of "
+              f"earlier make runs ended with them): {name_some(sorted(removed))}")
     print(f"generated sample:\n{report['sample']}")
     model = shlex.quote(lake.local_path(report["run_folder"]) + "/model")
     print(f"\nmore samples:     .venv/bin/python -m spark_jobs.generate --model-dir {model} --prompt 'ROMEO:'")

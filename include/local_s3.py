@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import urllib.request
 
 import boto3
+from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
 from include.collect import AWS_CONN_ID
 
 REGION = "us-east-1"
+# This machine's AWS settings that would steer a client past the made-up credentials (a profile
+# the config files, pointed at /dev/null, no longer hold; a role; a session token).
+MACHINE_AWS_SETTINGS = (
+    "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ROLE_ARN",
+    "AWS_ROLE_SESSION_NAME", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+)  # fmt: skip
+LOOPBACK = ("127.0.0.1", "localhost")
 
 
 class LocalS3:
@@ -39,7 +49,7 @@ class LocalS3:
             # moto keeps its state per process, not per server: drop what an earlier server (or a
             # test's moto) in this process left, so that every server starts empty.
             reset = urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST")
-            urllib.request.urlopen(reset, timeout=30)
+            urllib.request.build_opener(urllib.request.ProxyHandler({})).open(reset, timeout=30)  # never a proxy
             for bucket in self.buckets:
                 self.client().create_bucket(Bucket=bucket)
         except BaseException:
@@ -57,10 +67,19 @@ class LocalS3:
             region_name=REGION,
             aws_access_key_id=self.access_key,
             aws_secret_access_key=self.secret_key,
+            config=Config(proxies={}),  # a loopback server: never through this machine's proxy
         )
 
-    def connection_env(self) -> dict[str, str]:
-        """Environment that points Airflow's AWS connection, and any stray AWS client, at the server."""
+    def isolated_env(self, env: dict[str, str]) -> dict[str, str]:
+        """`env` with its AWS clients pointed at the server (connection_env) and this machine's own
+        AWS settings left out."""
+        kept = {name: value for name, value in env.items() if name not in MACHINE_AWS_SETTINGS}
+        return kept | self.connection_env(env)
+
+    def connection_env(self, env: dict[str, str] | None = None) -> dict[str, str]:
+        """Environment that points Airflow's AWS connection, and any stray AWS client, at the server,
+        past any proxy `env` (this process's by default) names."""
+        env = os.environ if env is None else env
         connection = {
             "conn_type": "aws",
             "login": self.access_key,
@@ -76,4 +95,12 @@ class LocalS3:
             # No profile or shared credentials file from this machine can leak in.
             "AWS_CONFIG_FILE": "/dev/null",
             "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+            "NO_PROXY": no_proxy(env.get("NO_PROXY") or env.get("no_proxy")),
+            "no_proxy": no_proxy(env.get("no_proxy") or env.get("NO_PROXY")),
         }
+
+
+def no_proxy(hosts: str | None) -> str:
+    """A no-proxy list that holds the loopback names too."""
+    names = [name.strip() for name in (hosts or "").split(",") if name.strip()]
+    return ",".join(names + [name for name in LOOPBACK if name not in names])

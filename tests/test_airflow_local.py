@@ -289,8 +289,32 @@ def test_the_run_summary_rounds_the_losses(capsys):
               "val_nats_per_char": 1.7099787123061774, "warnings": ["a file is short"], "sample": "ROMEO: hark"}  # fmt: skip
     airflow_local.print_report(report, "s3://b/runs/latest/r.json", {"model": "s3://b/runs/r/model/"}, ["r-1", "r-0"])
     out = capsys.readouterr().out
-    assert "keep_runs:        removed 2 older run folder(s): r-0, r-1\n" in out
+    assert "keep_runs:        removed 2 older run folder(s), their only copy (the S3 records of earlier make runs " \
+           "ended with them): r-0, r-1\n" in out  # fmt: skip
     assert "run folder:       file:///lake/runs/r\nreport:           file:///lake/runs/r/report.md\n" in out
     assert "final val loss:   4.3787 nats/token\nval nats/char:    1.7100\nwarning:          a file is short\n" in out
     assert "generated sample:\nROMEO: hark\n" in out
     assert out.endswith("more samples:     .venv/bin/python -m spark_jobs.generate --model-dir /lake/runs/r/model --prompt 'ROMEO:'\n")
+
+
+def test_airflow_reaches_the_local_s3_whatever_aws_profile_or_proxy_this_machine_has(tmp_path, monkeypatch):
+    """A profile the local commands' /dev/null AWS config cannot hold stopped every run
+    (ProfileNotFound); a proxy would carry the loopback traffic away."""
+    (tmp_path / "config").write_text("[profile work]\nregion = eu-west-1\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "work")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "a-real-session")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("NO_PROXY", "intranet.example")
+    monkeypatch.setattr("boto3.DEFAULT_SESSION", None)  # this process's clients read the profile afresh
+    with LocalS3(buckets=("gpt-pipeline",)) as s3:
+        env = airflow_local.airflow_env(tmp_path / "home", s3)
+        assert "AWS_PROFILE" not in env and "AWS_SESSION_TOKEN" not in env
+        assert env["NO_PROXY"] == "intranet.example,127.0.0.1,localhost"
+        assert s3.client().list_buckets()["Buckets"][0]["Name"] == "gpt-pipeline"
+        # A client in Airflow's environment, as the DAG's S3Hook makes one.
+        listed = subprocess.run(
+            [sys.executable, "-c", "import boto3; print(boto3.client('s3').list_buckets()['Buckets'][0]['Name'])"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert listed.stdout.strip() == "gpt-pipeline", listed.stderr[-2000:]
