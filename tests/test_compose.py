@@ -240,8 +240,9 @@ def test_aws_connection_points_at_localstack(services, common_env):
 def test_environment_has_every_name_the_local_s3_code_sets(services):
     """The containers get the same AWS variables as a local run with its moto server."""
     local = LocalS3().connection_env()
-    # The two /dev/null files only keep this machine's own AWS profile out of a local run.
-    wanted = {name for name, value in local.items() if value != "/dev/null"}
+    # The two /dev/null files and the loopback proxy bypass only keep this machine's own AWS profile
+    # and proxy out of a local run.
+    wanted = {name for name, value in local.items() if value != "/dev/null" and name.upper() != "NO_PROXY"}
     assert f"AIRFLOW_CONN_{AWS_CONN_ID.upper()}" in wanted
     for name in AIRFLOW_SERVICES + ("create-bucket",):
         missing = wanted - set(env_of(services[name]))
