@@ -241,8 +241,9 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | No
 def remove_old_runs(run_dir: str, hook) -> list[str]:
     """With keep_runs set, remove the lake's run folders of this run's name that collect finished,
     all but the newest keep_runs (this run among them), and return them. Runs without a report
-    (unfinished, or being run again) and runs of other names are left alone; records on S3 stay.
-    A removal that stopped halfway (its folder holds REMOVING) is finished."""
+    (unfinished, or being run again), runs of other names and folders it cannot read (logged) are
+    left alone; records on S3 stay. A removal that stopped halfway (its folder holds REMOVING) is
+    finished."""
     run = RunFolder(run_dir, hook)
     config = from_json(run.read(lake.CONFIG_FILE).decode("utf-8"))
     if config.keep_runs is None:
@@ -251,16 +252,25 @@ def remove_old_runs(run_dir: str, hook) -> list[str]:
     for folder in run.siblings():
         if folder.uri == run.uri:
             continue
-        if folder.has(REMOVING):
-            unfinished_removals.append(folder)
-        elif folder.has(REPORT_JSON) and folder.has(lake.CONFIG_FILE):
-            if folder.read_json(lake.CONFIG_FILE).get("run_name") == config.run_name:
+        try:
+            if folder.has(REMOVING):
+                unfinished_removals.append(folder)
+            elif collected_run_name(folder) == config.run_name:
                 others.append((collected_at(folder), folder))
+        except (OSError, ValueError, AttributeError) as error:  # another's folder must not stop this run's prune
+            log.warning("keep_runs: left %s alone, it cannot be read: %s", folder.uri, error)
     others.sort(key=lambda item: item[0], reverse=True)
     old = [folder for _, folder in others[config.keep_runs - 1 :]] + unfinished_removals
     for folder in old:
         folder.delete()
     return [folder.uri for folder in old]
+
+
+def collected_run_name(run: RunFolder) -> str | None:
+    """The run name of a run folder collect finished (with a report), else None."""
+    if not (run.has(REPORT_JSON) and run.has(lake.CONFIG_FILE)):
+        return None
+    return run.read_json(lake.CONFIG_FILE).get("run_name")
 
 
 def collected_at(run: RunFolder) -> str:

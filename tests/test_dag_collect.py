@@ -250,6 +250,18 @@ def test_keep_runs_removes_the_oldest_collected_runs_of_the_run_name(s3, hook, t
     assert remove_old_runs(without_setting, hook) == [], "keep_runs is null: every run stays"
 
 
+def test_a_folder_prune_runs_cannot_read_is_left_alone_and_the_others_pruned(s3, hook, tmp_path, caplog):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=books", "keep_runs=1"])
+    old, broken, new = (lake.run_dir(config, run_id) for run_id in ("books-old", "books-broken", "books-new"))
+    for run_dir in (old, broken, new):
+        finished_run(s3, run_dir, run_files(config.to_json()))
+        collect_record(run_dir, hook, STAGES)
+    Path(lake.local_path(lake.join(broken, "config.json"))).write_text("{broken")
+
+    assert remove_old_runs(new, hook) == [old]
+    assert lake.exists(broken) and f"keep_runs: left {broken} alone, it cannot be read" in caplog.text
+
+
 def test_a_run_folder_half_removed_does_not_look_collected(s3, hook, tmp_path, monkeypatch):
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "keep_runs=1"])
     old, new = (lake.run_dir(config, run_id) for run_id in ("books-old", "books-new"))
