@@ -312,6 +312,16 @@ def check_dag_settings(overrides: list[str]) -> None:
             )
 
 
+def warn_unusable_corpus(config: PipelineConfig) -> None:
+    """Say so when the default corpus would fail a run: the UI still starts, for runs that name
+    another corpus in the trigger form."""
+    try:
+        corpus.check_fits(config, lake.corpus_files(config))
+    except PipelineError as error:
+        print(f"WARNING {error}: a run needs another corpus in the trigger form, or {defaults_path().name}'s",
+              file=sys.stderr)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -331,12 +341,13 @@ def main(argv: list[str] | None = None) -> int:
                 "that starts empty; give a local path or file:// URI, or read the corpus from S3 with the local "
                 "runner (`.venv/bin/python -m include.local_runner`, with your AWS credentials) or target 'emr'"
             )
-        # The DAG's first task checks all again; `make airflow` leaves the memory and disk checks
-        # to it, since each triggered run's form may change the model and the windows.
+        # The DAG's first task checks all again; `make airflow` leaves the corpus, memory and disk
+        # checks to it, since each triggered run's form may change the corpus, the model and the windows.
+        if args.command == "ui":
+            warn_unusable_corpus(config)
+            return ui(config)
         sizes = lake.corpus_files(config)
         corpus.check_fits(config, sizes)
-        if args.command == "ui":
-            return ui(config)
         memory.check_local_training(config)
         storage.check_lake_room(config, sizes)
         return run(config, conf)

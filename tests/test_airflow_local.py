@@ -97,6 +97,21 @@ def test_a_missing_or_too_small_corpus_is_named_before_airflow_starts(tmp_path, 
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
+def test_make_airflow_starts_with_a_missing_default_corpus_and_says_so(tmp_path, monkeypatch, capsys):
+    """Each run may name its corpus in the trigger form; validate_config checks the one it gets."""
+    missing = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"corpus": str(tmp_path / "not-here.txt")})
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(missing))
+    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(tmp_path / "pipeline.yaml"))
+    started = []
+    monkeypatch.setattr(airflow_local, "ui", lambda config: started.append(config.corpus) or 0)
+    assert airflow_local.main(["ui"]) == 0
+    assert started == [[(tmp_path / "not-here.txt").as_uri()]]
+    assert f"WARNING corpus {(tmp_path / 'not-here.txt').as_uri()} matches no file: a run needs another corpus" in (
+        capsys.readouterr().err
+    )
+    assert airflow_local.main(["run"]) == 2, "make run still stops on it"
+
+
 @pytest.mark.parametrize("command", ["run", "ui"])
 def test_a_corpus_on_s3_is_refused_since_the_local_s3_starts_empty(tmp_path, monkeypatch, capsys, command):
     monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
