@@ -331,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
             conf["corpus"] = args.corpus
         check_dag_settings(overrides)
         # Checked here too so that a bad value stops before Airflow starts; the DAG checks it again.
-        config = load_config(overrides=overrides + ([{"corpus": args.corpus}] if args.corpus else []))
+        # In the DAG's order (include/trigger_form.py): the form's corpus, then the overrides.
+        config = load_config(overrides=([{"corpus": args.corpus}] if args.corpus else []) + overrides)
         if config.schedule is not None:
             cron_timetable(config.schedule)  # the DAG would not parse
         on_s3 = [uri for uri in config.corpus if uri.startswith("s3://")]

@@ -97,6 +97,13 @@ def test_a_missing_or_too_small_corpus_is_named_before_airflow_starts(tmp_path, 
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
+def test_set_corpus_wins_over_corpus_as_in_the_dag(tmp_path, monkeypatch, capsys):
+    """The DAG applies the form's corpus, then its overrides: make run checks the corpus the DAG will read."""
+    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    assert airflow_local.main(["run", "--corpus", str(tmp_path / "a.txt"), "--overrides", f"corpus={tmp_path / 'b.txt'}"]) == 2
+    assert f"ERROR corpus {(tmp_path / 'b.txt').as_uri()} matches no file" in capsys.readouterr().err
+
+
 def test_make_airflow_starts_with_a_missing_default_corpus_and_says_so(tmp_path, monkeypatch, capsys):
     """Each run may name its corpus in the trigger form; validate_config checks the one it gets."""
     missing = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"corpus": str(tmp_path / "not-here.txt")})
