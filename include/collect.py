@@ -187,13 +187,22 @@ def report_text(report: dict) -> str:
         f"{model['block_size']} tokens of context, vocabulary {figure(report['vocab_size'])}: "
         f"{figure(train.get('parameters'))} parameters\n"
         f"- training: {figure(train.get('steps'))} steps on {figure(train.get('workers'))} workers, "
-        f"{figure(train.get('tokens_per_s'), ',.0f')} tokens/s, {figure(train.get('train_wall_s'), ',.0f')} s\n\n"
+        f"{figure(train.get('tokens_per_s'), ',.0f')} tokens/s, {figure(train.get('train_wall_s'), ',.0f')} s"
+        f"{resumed_text(train)}\n\n"
         f"## Validation\n\n| {' | '.join(CURVE_HEADINGS)} |\n|{'---|' * len(CURVE_HEADINGS)}\n{curve}\n\n"
         f"## Stages\n\n| stage | seconds |\n|---|---|\n{stages}\n\n"
         + (emr_text(report["emr"]) if "emr" in report else "")
         + (f"## Warnings\n\n{warnings}\n\n" if warnings else "")
         + f"## Sample\n\n```\n{report['sample']}\n```\n"
     )
+
+
+def resumed_text(train: dict) -> str:
+    """For a training resumed from a backup: the speed and time above are its last attempt's."""
+    if not train.get("resumed_from_step"):
+        return ""
+    return (f" (resumed from step {train['resumed_from_step']:,}: the speed and time are of the last "
+            f"{figure(train.get('steps_this_attempt'))} steps)")  # fmt: skip
 
 
 def emr_text(cluster: dict) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from include.collect import RunFolder, collect_record, promote_record, remove_old_runs
+from include.collect import RunFolder, collect_record, promote_record, remove_old_runs, report_text
 from include.local_s3 import LocalS3
 from include.spark_submit import STAGES
 from spark_jobs.lib import lake
@@ -107,13 +107,24 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     assert "Final validation loss: **2.5000 nats/token**, **0.9000 nats/char**." in text
     assert f"- corpus: {config.corpus[0]} (1 file): train 9,000 characters, 4,000 tokens, 60 windows; val 1,000" in text
     assert "- model: 4 layers, 4 heads, width 128, 128 tokens of context, vocabulary 300: 123,456 parameters" in text
-    assert "- training: 40 steps on 2 workers, 5,123 tokens/s, 8 s" in text
+    assert "- training: 40 steps on 2 workers, 5,123 tokens/s, 8 s\n" in text
     assert "| 20 | 3.1 | 2.7 | 1 | 0.002 |\n| 40 | 2.6 | 2.5 | 0.9 | 0.0002 |\n" in text
     assert report["evaluations"][-1] == {"step": 40, "train_loss": 2.6, "val_loss": 2.5, "val_nats_per_char": 0.9,
                                          "learning_rate": 0.0002}  # fmt: skip
     # Stage warnings travel with the report, so that a run on EMR shows them too.
     assert report["warnings"] == [f"[window] {SHORT_FILE_WARNING}"]
     assert f"## Warnings\n\n- [window] {SHORT_FILE_WARNING}\n" in copied["report.md"].decode()
+
+
+def test_the_report_of_a_resumed_training_says_its_speed_and_time_are_the_last_attempts():
+    report = {"run": "r", "final_val_loss": 2.5, "val_nats_per_char": 0.9, "s3_uri": "s3://b/runs/r/", "run_folder": "f",
+              "corpus": ["file:///c.txt"], "files": 1, "vocab_size": 300, "splits": {}, "stage_seconds": {},
+              "warnings": [], "evaluations": [], "sample": "",
+              "model": {"n_layer": 4, "n_head": 4, "dim": 128, "block_size": 128},
+              "train": {"steps": 300, "workers": 2, "tokens_per_s": 5123.4, "train_wall_s": 8.2, "resumed_from_step": 280,
+                        "steps_this_attempt": 20}}  # fmt: skip
+    assert "- training: 300 steps on 2 workers, 5,123 tokens/s, 8 s (resumed from step 280: the speed and time are " \
+           "of the last 20 steps)\n" in report_text(report)  # fmt: skip
 
 
 def test_a_run_folder_that_cannot_take_the_report_still_gets_a_whole_record(s3, hook, tmp_path, monkeypatch, caplog):
