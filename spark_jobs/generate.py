@@ -73,11 +73,13 @@ def next_token(logits: np.ndarray, settings: GenerateConfig, rng: np.random.Gene
     """Pick the next token id from the last position's logits."""
     if settings.strategy == "greedy":
         return int(np.argmax(logits))
-    logits = logits.astype(np.float64) / settings.temperature
+    # Shifted by the largest first, so that a tiny temperature scales the others to -inf, never to nan.
+    with np.errstate(over="ignore"):
+        logits = (logits.astype(np.float64) - logits.max()) / settings.temperature
     if settings.strategy == "top_k":
         cutoff = np.sort(logits)[-min(settings.top_k, logits.size)]
         logits = np.where(logits >= cutoff, logits, -np.inf)
-    probabilities = np.exp(logits - logits.max())
+    probabilities = np.exp(logits)
     probabilities /= probabilities.sum()
     if settings.strategy == "top_p":
         # Keep the most likely tokens until their probabilities add up to top_p.
@@ -160,7 +162,7 @@ def cli(argv: list[str]) -> int:
         config = load_config(overrides={"generate": given})
         model_uri = pointed_model(to_uri(pointer)) if pointer else model_dir or newest_model(config)
         print(samples(*load_model(model_uri), config.generate))
-    except PipelineError as error:
+    except (PipelineError, OSError) as error:  # OSError: a model or pointer that cannot be read
         print(f"ERROR {error}", file=sys.stderr)
         return 2
     return 0

@@ -50,6 +50,8 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 
 def test_low_temperature_approaches_greedy():
     assert picks(settings(strategy="top_k", top_k=6, temperature=0.01)) == {1}
+    for strategy in ("top_k", "top_p"):  # so small that 3.0 / it overflows: still the greedy pick, not nan
+        assert picks(settings(strategy=strategy, top_k=6, top_p=0.9, temperature=1e-320), draws=20) == {1}
 
 
 @pytest.fixture(scope="module")
