@@ -100,11 +100,13 @@ def generate(model, tokenizer, settings: GenerateConfig) -> str:
     if not ids:
         raise PipelineError(f"the prompt {settings.prompt!r} encodes to no tokens")
     block_size = model.get_layer("embedding").block_size
+    # The model has tokenizer.vocab_size outputs; BPE may have learned fewer tokens, whose ids alone decode.
+    known = tokenizer.get_vocab_size()
     rng = np.random.default_rng(settings.seed)
     for _ in range(settings.max_new_tokens):
         context = ids[-block_size:]
         logits = model(np.array([context], dtype=np.int32), training=False)
-        token = next_token(np.asarray(logits[0, -1]), settings, rng)
+        token = next_token(np.asarray(logits[0, -1])[:known], settings, rng)
         if token == end_of_text:
             break
         ids.append(token)

@@ -119,6 +119,17 @@ def test_several_samples_take_consecutive_seeds(model_dir):
     assert len(set(texts)) == 3
 
 
+def test_only_ids_the_tokenizer_knows_are_drawn(model_dir, monkeypatch):
+    """BPE may learn fewer tokens than tokenizer.vocab_size, the model's outputs: an id past them decodes to nothing."""
+    _, tokenizer = load_model(str(model_dir))
+    model = build_decoder(vocab_size=tokenizer.get_vocab_size() + 50, block_size=8, dim=16, n_layer=1, n_head=2,
+                          mlp_ratio=2, dropout=0.0)  # fmt: skip
+    sizes, draw = [], generate_module.next_token
+    monkeypatch.setattr(generate_module, "next_token", lambda logits, *rest: sizes.append(logits.size) or draw(logits, *rest))
+    generate(model, tokenizer, settings(prompt="The", max_new_tokens=3, strategy="top_k"))
+    assert sizes and set(sizes) == {tokenizer.get_vocab_size()}
+
+
 def test_context_longer_than_the_block_is_cropped(model_dir):
     model, tokenizer = load_model(model_dir.as_uri())
     text = generate(model, tokenizer, settings(prompt="To be, or not to be: " * 4, max_new_tokens=12, strategy="greedy"))
