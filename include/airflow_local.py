@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import sqlite3
@@ -59,15 +60,30 @@ def airflow_env(home: Path, s3: LocalS3) -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
             # `airflow standalone` starts its components as `airflow ...` from the PATH.
             "PATH": os.pathsep.join(filter(None, [str(AIRFLOW.parent), os.environ.get("PATH")])),
+            # The tasks' temporary files and Spark's folders, in the home rather than /tmp: what a
+            # stopped command leaves there goes when the next one starts (fresh_scratch).
+            "TMPDIR": str(scratch_dir(home)),
+            "SPARK_LOCAL_DIRS": str(scratch_dir(home)),
         }
     )
     return s3.isolated_env(env)
+
+
+def scratch_dir(home: Path) -> Path:
+    return home / "tmp"
+
+
+def fresh_scratch(home: Path) -> None:
+    """An empty scratch folder in the home. Called while holding the home, so no command uses it."""
+    shutil.rmtree(scratch_dir(home), ignore_errors=True)
+    scratch_dir(home).mkdir(parents=True)
 
 
 def prepare(home: Path, s3: LocalS3) -> dict[str, str]:
     """The environment for Airflow commands on `home`, whose database is migrated and holds no
     run an interrupted command left unfinished. Called while holding the home."""
     home.mkdir(parents=True, exist_ok=True)
+    fresh_scratch(home)
     env = airflow_env(home, s3)
     subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, cwd=REPO_ROOT, check=True)
     fail_unfinished_runs(home, env)

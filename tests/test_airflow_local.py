@@ -243,6 +243,8 @@ def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(tm
     os.killpg(process.pid, signal.SIGKILL)  # no chance to clean up
     process.wait()
     assert run_states(home) == ["running"]
+    left = [path.name for path in (home / "tmp").iterdir()]  # in the home, not in /tmp
+    assert any(name.startswith("gpt-pipeline-code-") for name in left), left  # the stage's code, with Spark's folders
     if not dag_serialized:  # e.g. the DAG file was removed since: the run's state is set alone
         with sqlite3.connect(home / "airflow.db") as db:
             db.execute("DELETE FROM serialized_dag")
@@ -251,6 +253,7 @@ def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(tm
         airflow_local.prepare(home, s3)  # how `make run` and `make airflow` start
     assert run_states(home) == ["failed"]
     assert airflow_local.unfinished_runs(home) == []
+    assert list((home / "tmp").iterdir()) == [], "the next command starts with an empty scratch folder"
 
 
 def test_every_local_s3_starts_empty():
