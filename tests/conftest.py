@@ -15,6 +15,24 @@ os.environ["AIRFLOW_HOME"] = AIRFLOW_HOME
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{AIRFLOW_HOME}/airflow.db"
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
+from include.local_s3 import MACHINE_AWS_SETTINGS  # noqa: E402
+
+# No test reads this machine's pipeline or AWS settings, or reaches AWS: a client that no test
+# pointed at its moto server gets made-up keys and an endpoint where nothing listens.
+for name in ("GPT_PIPELINE_CONFIG", "GPT_PIPELINE_AIRFLOW_HOME", *MACHINE_AWS_SETTINGS):
+    os.environ.pop(name, None)
+os.environ.update(
+    {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:1",
+    }
+)
+
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import REPO_ROOT, PipelineConfig, load_config
 

@@ -22,6 +22,20 @@ from tests.conftest import new_run, small_config
 pytestmark = pytest.mark.slow
 
 
+def shut_down_jvm() -> None:
+    """pyspark keeps its gateway JVM (some 200 MB) after stop() for a next session: end it, so that
+    it does not sit beside the later tests' Spark and TensorFlow processes."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    gateway.proc.stdin.close()
+    gateway.proc.wait(timeout=60)
+    SparkContext._gateway = SparkContext._jvm = None
+
+
 @pytest.fixture(scope="module")
 def spark():
     with pytest.MonkeyPatch.context() as patch:
@@ -39,6 +53,7 @@ def spark():
         )
         yield session
         session.stop()
+        shut_down_jvm()
         # py4j logs from __del__ at interpreter exit, after pytest has closed the captured streams.
         logging.getLogger("py4j").setLevel(logging.CRITICAL)
 

@@ -47,7 +47,7 @@ def local_airflow(tmp_path_factory):
         yield prepare(home, s3), s3, home
 
 
-def dags_test(env: dict, conf: dict, timeout_s: int = 420) -> tuple[int, str]:
+def dags_test(env: dict, conf: dict, timeout_s: int = 900) -> tuple[int, str]:
     """Exit code and output of `airflow dags test`; on time-out its whole process group is killed
     (Spark and TensorFlow processes included) and the test fails."""
     process = subprocess.Popen(

@@ -54,8 +54,8 @@ CHROMIUM_FLAGS = (
     "--window-size=1600,1000",
 )  # fmt: skip
 UI_LINE = re.compile(r"Airflow UI: (?P<api>http://\S+) \(DAG \w+\); S3 \(moto\): (?P<s3>http://\S+);")
-STARTUP_TIMEOUT_S = 180
-RUN_TIMEOUT_S = 360
+STARTUP_TIMEOUT_S = 600
+RUN_TIMEOUT_S = 900
 API_TIMEOUT_S = 30
 TYPING_BURST = 16  # characters
 MAX_STEPS = 12  # the training budget set in the form (the default is 1500)
