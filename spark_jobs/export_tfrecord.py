@@ -135,7 +135,7 @@ def body(spark, config, run: str) -> dict:
     for split in SPLITS:
         fs.create_dir(posixpath.join(final_path, split), recursive=True)
         for name in splits[split]["shards"]:
-            fs.move(posixpath.join(staging_path, name), posixpath.join(final_path, name))
+            lake.move_file(fs, posixpath.join(staging_path, name), posixpath.join(final_path, name))
     lake.delete(lake.join(run, "_staging"))
     manifest = {"block_size": block_size, "vocab_size": config.tokenizer.vocab_size, "num_shards": shards, "splits": splits}
     manifest_uri = lake.join(final, "manifest.json")

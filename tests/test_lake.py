@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import filecmp
 import os
+import shutil
 
 import pytest
 
@@ -179,3 +180,22 @@ def test_copying_a_file_takes_a_chunk_of_memory_whatever_its_size(tmp_path):
         tracemalloc.stop()
     assert peak < size / 3, f"{peak / 2**20:.0f} MB for a {size / 2**20:.0f} MB file"  # a chunk or two
     assert filecmp.cmp(source, tmp_path / "copy.tfrecord", shallow=False)
+
+
+@pytest.mark.parametrize("limit", [None, 10], ids=["copied-at-once", "past-s3s-copy-limit"])
+def test_a_file_is_moved_whole_whatever_its_size(folder, monkeypatch, limit):
+    """On S3 a move is a copy, which S3 does at once only up to 5 GB: past that (a lowered limit
+    stands in for it) the file is streamed to its new name."""
+    if limit is not None:
+        monkeypatch.setattr(lake, "S3_COPY_MAX_BYTES", limit)
+        monkeypatch.setattr(lake, "COPY_CHUNK_BYTES", 7)
+    data = bytes(range(256)) * 40
+    source, target = lake.join(folder, "_staging/part-0.tfrecord"), lake.join(folder, "tfrecords/part-0.tfrecord")
+    lake.write_bytes(source, data)
+    fs, source_path = lake.filesystem(source)
+    fs.create_dir(lake.filesystem(lake.join(folder, "tfrecords"))[1], recursive=True)
+    streamed, copy = [], shutil.copyfileobj
+    monkeypatch.setattr(shutil, "copyfileobj", lambda *args: streamed.append(args[2]) or copy(*args))
+    lake.move_file(fs, source_path, lake.filesystem(target)[1])
+    assert lake.read_bytes(target) == data and not lake.exists(source)
+    assert streamed == ([7] if limit is not None and folder.startswith("s3://") else [])  # else S3's copy, or a rename

@@ -32,6 +32,7 @@ REPORT_TEXT = "report.md"
 TOKENIZER_PATH = "tokenizer/tokenizer.json"  # tokenize's, read by window (packed) and train
 LOCAL_FILESYSTEM = pafs.LocalFileSystem()
 COPY_CHUNK_BYTES = 8 * 2**20
+S3_COPY_MAX_BYTES = 5 * 10**9  # S3's CopyObject copies at most 5 GB, and a move on S3 is one
 
 
 class StageIncomplete(PipelineError):
@@ -88,6 +89,18 @@ def write_bytes(uri: str, data: bytes) -> None:
         stream.write(data)
     if target != path:
         fs.move(target, path)
+
+
+def move_file(fs: pafs.FileSystem, source: str, target: str) -> None:
+    """Move a file within a filesystem: a rename locally; on S3 a server-side copy, or for a file
+    past what S3 copies at once (a TFRecord shard of a large corpus), a streamed copy, which S3
+    takes as a multipart upload of any size."""
+    if isinstance(fs, pafs.S3FileSystem) and fs.get_file_info(source).size >= S3_COPY_MAX_BYTES:
+        with fs.open_input_stream(source) as stream, fs.open_output_stream(target) as copy:
+            shutil.copyfileobj(stream, copy, COPY_CHUNK_BYTES)
+        fs.delete_file(source)
+    else:
+        fs.move(source, target)
 
 
 def write_text(uri: str, text: str) -> None:

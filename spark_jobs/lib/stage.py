@@ -56,8 +56,11 @@ def stop_spark(spark) -> None:
     only when its 1-second poll times out: about a second per stage. That server runs on a daemon
     thread that ends with this process, which ends next, so it is only told to stop."""
     context = spark.sparkContext
-    barrier = getattr(getattr(context._jvm.org.apache.spark, "BarrierTaskContext$"), "MODULE$")
-    getattr(barrier, "org$apache$spark$BarrierTaskContext$$timer")().cancel()
+    try:  # a private field: a Spark build without it (EMR's are patched) must not fail a finished stage
+        barrier = getattr(getattr(context._jvm.org.apache.spark, "BarrierTaskContext$"), "MODULE$")
+        getattr(barrier, "org$apache$spark$BarrierTaskContext$$timer")().cancel()
+    except Exception as error:
+        print(f"[stage] barrier timer not cancelled ({type(error).__name__}); Spark stops anyway", file=sys.stderr)
     accumulator_server, context._accumulatorServer = context._accumulatorServer, None
     spark.stop()
     if accumulator_server is not None:
