@@ -127,6 +127,14 @@ def train_resources(config: PipelineConfig) -> dict[str, str]:
     }
 
 
+def cluster_parallelism(config: PipelineConfig) -> dict[str, str]:
+    """The other stages' parallelism: every core node's vCPUs. Spark's default is the cores of the
+    executors registered so far, and with dynamic allocation none are when a stage plans its
+    work, so tokenize would cut the corpus for 2 tasks and Word2Vec's partitions would vary."""
+    node = instance_type(config, "core_instance_type")
+    return {"spark.default.parallelism": str(config.emr.core_instance_count * node["vcpus"])}
+
+
 def train_executor_memory_mb(config: PipelineConfig) -> tuple[int, int]:
     """(JVM heap, overhead) of a train executor; the overhead is what its TensorFlow worker has."""
     container_mb = instance_type(config, "core_instance_type")["yarn_memory_mb"] - APPLICATION_MASTER_MB
@@ -143,7 +151,7 @@ def stage_step(stage: str, config: PipelineConfig, run_id: str) -> dict:
         run_dir=lake.run_dir(config, run_id),
         master=MASTER,
         deploy_mode=DEPLOY_MODE,
-        resources=train_resources(config) if stage == "train" else None,
+        resources=train_resources(config) if stage == "train" else cluster_parallelism(config),
     )
     # CONTINUE: a failed step leaves the cluster to the DAG, whose teardown terminates it.
     return {"Name": stage, "ActionOnFailure": "CONTINUE", "HadoopJarStep": {"Jar": "command-runner.jar", "Args": argv}}

@@ -133,6 +133,9 @@ def test_steps_run_each_stage_with_spark_submit_on_yarn():
         assert step["Name"] == stage and step["HadoopJarStep"]["Jar"] == "command-runner.jar"
         assert args[:5] == ["spark-submit", "--master", "yarn", "--deploy-mode", "client"]
         assert args[-3:] == [f"{emr.code_uri(config, RUN_ID)}/spark_jobs/{STAGE_FILES[stage]}", "--run-dir", lake.run_dir(config, RUN_ID)]
+        # Every core node's vCPUs (2 m5.2xlarge: 8 each), not the executors that happen to be up when a stage plans.
+        if stage != "train":  # train: one task per worker node
+            assert args[args.index("spark.default.parallelism=16") - 1] == "--conf"
 
 
 def normalised(argv: list[str], code: str, run_dir: str, resources: dict[str, str]) -> list[str]:
@@ -157,7 +160,7 @@ def test_local_and_emr_run_the_same_applications_with_the_same_arguments(tmp_pat
     local_config = load_config(overrides=["target=local", f"lake={tmp_path / 'lake'}"])
     local_run, emr_run = lake.run_dir(local_config, RUN_ID), lake.run_dir(config, RUN_ID)
     code_dir = tmp_path / "code"
-    resources = emr.train_resources(config)
+    resources = emr.train_resources(config) | emr.cluster_parallelism(config)
     for stage in STAGES:
         local = local_argv(stage, local_config, local_run, code_dir)
         remote = emr.stage_step(stage, config, RUN_ID)["HadoopJarStep"]["Args"]
