@@ -345,3 +345,26 @@ def test_airflow_reaches_the_local_s3_whatever_aws_profile_or_proxy_this_machine
             env=env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert listed.stdout.strip() == "gpt-pipeline", listed.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_make_run_runs_the_dag_and_prints_where_the_outputs_are(tmp_path, shakespeare_slice, monkeypatch, capfd):
+    """The README's first command (its Python part), on a slice and small settings."""
+    from tests.test_dag_local import SMALL_RUN
+
+    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    older = tmp_path / "lake" / "runs" / "slice-older"  # a run of the same name that collect finished
+    older.mkdir(parents=True)
+    (older / "report.json").write_text(json.dumps({"run": "slice-older", "collected_at": "2026-01-01T00:00:00Z"}))
+    (older / "config.json").write_text(json.dumps({"run_name": "slice"}))
+    settings = [f"lake={tmp_path / 'lake'}", "keep_runs=1", *SMALL_RUN]
+    assert airflow_local.main(["run", "--corpus", str(shakespeare_slice), *(f"--set={item}" for item in settings)]) == 0
+    out = capfd.readouterr().out
+    (run_folder,) = (tmp_path / "lake" / "runs").iterdir()
+    assert f"run folder:       {run_folder.as_uri()}\n" in out and (run_folder / "report.md").is_file()
+    report = json.loads((run_folder / "report.json").read_text())
+    assert f"val nats/char:    {report['val_nats_per_char']:.4f}\n" in out
+    assert f"latest model:     s3://gpt-pipeline/runs/latest/slice.json -> {report['s3_uri']}model/\n" in out
+    assert "keep_runs:        removed 1 older run folder(s)" in out and "slice-older" in out
+    assert f"generated sample:\n{report['sample']}" in out
+    assert list((tmp_path / "home" / "tmp").iterdir()) == [], "the command's temporary files went with it"
