@@ -74,7 +74,12 @@ def spark_env(jvm_options: tuple[str, ...] = ()) -> dict[str, str]:
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     # Locally the driver JVM (spark-submit's own) runs the executors too. With the JDK's vector
     # module, MLlib's BLAS (Word2Vec) uses SIMD instead of plain Java loops: about 1.5x faster here.
-    env["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [env.get("SPARK_SUBMIT_OPTS"), VECTOR_MODULE, *jvm_options]))
+    # The JVM's own temporary folders (spark-*) go where this process's do (make run: airflow_home/tmp,
+    # emptied by the next command: what a killed stage leaves is not left in /tmp).
+    java_tmp = (class_archive.path_option("-Djava.io.tmpdir", Path(env["TMPDIR"])),) if env.get("TMPDIR") else ()
+    env["SPARK_SUBMIT_OPTS"] = " ".join(
+        filter(None, [env.get("SPARK_SUBMIT_OPTS"), VECTOR_MODULE, *java_tmp, *jvm_options])
+    )
     return env
 
 

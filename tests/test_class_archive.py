@@ -105,3 +105,21 @@ def test_spark_submit_starts_from_an_interpreter_path_with_a_space(tmp_path):
     env = {**spark_env(), "PYSPARK_PYTHON": str(python), "PYSPARK_DRIVER_PYTHON": str(python)}
     completed = subprocess.run([SPARK_SUBMIT, "--version"], env=env, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
+
+
+def test_the_jvm_keeps_its_temporary_folders_where_tmpdir_says(tmp_path, monkeypatch):
+    """make run sets TMPDIR to airflow_home/tmp, which the next command empties: Spark's own
+    spark-* folders, which a killed JVM leaves, must go there too, not to /tmp."""
+    scratch = tmp_path / "my tmp"  # a space: one JVM option all the same
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    app = tmp_path / "app.py"
+    app.write_text(
+        "from pyspark.sql import SparkSession\n"
+        "spark = SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false').getOrCreate()\n"
+        "print('tmpdir=' + spark.sparkContext._jvm.java.lang.System.getProperty('java.io.tmpdir'))\n"
+        "spark.stop()\n"
+    )
+    completed = subprocess.run([SPARK_SUBMIT, str(app)], env=spark_env(), capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert f"tmpdir={scratch}\n" in completed.stdout
