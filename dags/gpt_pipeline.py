@@ -94,14 +94,15 @@ def form_config() -> tuple[PipelineConfig, str]:
     """This run's config (pipeline.yaml + the trigger form, validated) and its run folder name."""
     context = get_current_context()
     config = load_config(CONFIG_PATH, trigger_form.overrides(dict(context["params"])))
+    dag_settings, run_settings = CONFIG.model_dump(), config.model_dump()
     for name in DAG_SETTINGS + (EMR_DAG_SETTINGS if CONFIG.target == "emr" else ()):
-        dag_value, run_value = setting(CONFIG.model_dump(), name), setting(config.model_dump(), name)
+        dag_value, run_value = setting(dag_settings, name), setting(run_settings, name)
         if run_value != dag_value:
             raise ConfigError(
                 f"{name}: this DAG's {name} is {dag_value!r}, read from {CONFIG_PATH.name} when Airflow "
                 f"parses the DAG; a run cannot change it (got {run_value!r}): edit {CONFIG_PATH.name}"
             )
-    changed = stage_graph.changed_settings(CONFIG.model_dump(), config.model_dump())
+    changed = stage_graph.changed_settings(dag_settings, run_settings)
     log.info("settings from the form: %s", "; ".join(f"{path} = {new!r}" for path, (_, new) in changed.items()) or "none")
     return config, f"{config.run_name}-{context['run_id']}"
 

@@ -151,7 +151,7 @@ def body(spark, config, run: str) -> dict:
             "vocab_size": tokenizer.get_vocab_size(),
             "configured_vocab_size": config.tokenizer.vocab_size,
             "sample_chars": sum(len(text) for text in sample),
-            "sample_cap_bytes": int(config.tokenizer.train_sample_mb * 1_000_000),
+            "sample_cap_bytes": config.tokenizer.sample_cap_bytes,
         },
         "timings": {key: round(value, 3) for key, value in timings.items()},
         "outputs": {"tokenizer": lake.join(run, lake.TOKENIZER_PATH), "tokens": lake.join(run, "tokens")},
@@ -162,8 +162,7 @@ def encode_corpus(sc, config, run: str, pieces, scans, documents, task_bytes: in
     """Train the tokenizer on the documents' training parts and encode every piece into tokens/:
     (tokenizer, its training sample, the encoding tasks, the tokens/ rows). Adds to `timings`."""
     started = time.perf_counter()
-    cap = int(config.tokenizer.train_sample_mb * 1_000_000)
-    sample = corpus.training_sample(documents, cap)
+    sample = corpus.training_sample(documents, config.tokenizer.sample_cap_bytes)
     tokenizer = bpe.train(sample, config.tokenizer.vocab_size, config.tokenizer.min_frequency)
     tokenizer_json = tokenizer.to_str()
     lake.write_text(lake.join(run, lake.TOKENIZER_PATH), tokenizer_json)

@@ -126,6 +126,10 @@ class TokenizerConfig(_Section):
     min_frequency: int = Field(ge=1)
     train_sample_mb: float = Field(gt=0)
 
+    @property
+    def sample_cap_bytes(self) -> int:
+        return int(self.train_sample_mb * 1_000_000)
+
 
 class DataConfig(_Section):
     block_size: int = Field(ge=2, description="T, tokens per model input")
