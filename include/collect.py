@@ -71,14 +71,14 @@ class RunFolder:
         else:
             lake.write_bytes(uri, data)
 
-    def remove(self, relative: str) -> None:
-        """Remove one file of the folder, if it is there."""
-        uri = lake.join(self.uri, relative)
-        if uri.startswith("s3://"):
-            bucket, key = self.hook.parse_s3_url(uri)
-            self.hook.delete_objects(bucket, [key])
-        else:
-            lake.delete(uri)
+    def remove(self, *paths: str) -> None:
+        """Remove files of the folder, those that are there."""
+        if not self.uri.startswith("s3://"):
+            for path in paths:
+                lake.delete(lake.join(self.uri, path))
+        elif paths:
+            bucket, prefix = self.hook.parse_s3_url(self.uri)
+            self.hook.delete_objects(bucket, [f"{prefix}/{path}" for path in paths])  # 1000 a request
 
     def modified(self, relative: str) -> datetime:
         uri = lake.join(self.uri, relative)
@@ -97,22 +97,18 @@ class RunFolder:
         return [RunFolder(lake.join(runs, path.name), self.hook) for path in sorted(local.iterdir()) if path.is_dir()]
 
     def delete(self) -> None:
-        """A REMOVING marker goes in first, so that a removal that stops halfway is finished by the
-        next one; then the report and the stages' stats, so that a folder half removed never looks
-        collected or its stages complete."""
+        """A REMOVING marker goes in first and out last, so that a removal that stops halfway is
+        finished by the next one; the report and the stages' stats go first, so that a folder half
+        removed never looks collected or its stages complete."""
         self.write(REMOVING, b"")
         markers = (REPORT_JSON, REPORT_TEXT, "stats/")
-        if self.uri.startswith("s3://"):
-            bucket, prefix = self.hook.parse_s3_url(self.uri)
-            keys = self.hook.list_keys(bucket_name=bucket, prefix=prefix + "/") or []
-            first = [key for key in keys if key[len(prefix) + 1 :].startswith(markers)]
-            for batch in (first, [key for key in keys if key not in first]):
-                if batch:
-                    self.hook.delete_objects(bucket, batch)
-        else:
-            for marker in markers:
-                lake.delete(lake.join(self.uri, marker))
-            lake.delete(self.uri)
+        files = [path for path in self.files() if path != REMOVING]
+        first = [path for path in files if path.startswith(markers)]
+        self.remove(*first)
+        self.remove(*[path for path in files if path not in first])
+        self.remove(REMOVING)
+        if not self.uri.startswith("s3://"):
+            lake.delete(self.uri)  # the folders left, empty
 
 
 def record_files(run: RunFolder) -> list[str]:
@@ -233,8 +229,11 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | No
     config = from_json(run.read("config.json").decode("utf-8"))
     bucket = check_bucket(hook, config.s3.bucket, "s3.bucket")
     prefix = posixpath.join(config.s3.prefix.strip("/"), run.name)
-    for path in record_files(run):
+    files, record = record_files(run), RunFolder(f"s3://{bucket}/{prefix}", hook)
+    record.remove(REPORT_JSON, REPORT_TEXT)  # a record collected before is not whole until its new report is in
+    for path in files:
         hook.load_bytes(run.read(path), key=f"{prefix}/{path}", bucket_name=bucket, replace=True)
+    record.remove(*[path for path in record.files() if path not in files])  # an earlier collect's, gone from the run
     report = build_report(run, f"s3://{bucket}/{prefix}/", stages) | (extra or {})
     files = {REPORT_TEXT: report_text(report), REPORT_JSON: json.dumps(report, indent=2)}
     for name, text in files.items():
@@ -333,12 +332,16 @@ def promote_record(record_uri: str, hook) -> dict:
         "model": report["s3_uri"] + "model/",
         "final_val_loss": report["final_val_loss"],
         "val_nats_per_char": report["val_nats_per_char"],
+        "collected_at": report["collected_at"],
         "promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    if current and current["run"] == candidate["run"]:  # a retried promote: the pointer is written already
+    same_run = current is not None and current["run"] == candidate["run"]
+    if same_run and current.get("collected_at") == candidate["collected_at"]:  # a retried promote
         promoted, reason, candidate = True, "latest points at this run's model already", current
     else:
         promoted, reason = promotion(candidate, current, config.s3.promote)
+        if same_run:  # whatever the policy: the model latest pointed at is gone, replaced by this one
+            promoted, reason = True, "this run was collected again: its record, which latest points at, has a new model"
         if promoted:
             if current:
                 candidate["previous"] = {name: current.get(name) for name in ("run", "record", "val_nats_per_char")}

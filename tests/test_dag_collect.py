@@ -224,6 +224,42 @@ def test_promote_if_better_keeps_a_better_model_and_takes_an_equal_or_better_one
     assert latest(s3, "sonnets")["run"] == "other-name"
 
 
+def test_a_run_collected_again_replaces_its_record_and_the_pointer_follows(s3, hook, tmp_path, monkeypatch):
+    """Its later tasks cleared, a run trains again and collect copies over its record: until the new
+    report is in, the record is not whole, and latest, which pointed at the old model, now points at
+    the new one with its figures, even under if_better (the old model is gone)."""
+    first = collected_run(s3, hook, tmp_path, "again", 0.9, "s3.promote=if_better", "run_name=epics")
+    assert promote_record(first["s3_uri"], hook)["promoted"]
+    run_dir = first["run_folder"]
+    lake.write_bytes(lake.join(run_dir, "model/model.keras"), b"retrained")
+    lake.delete(lake.join(run_dir, "model/tokenizer.json"))
+    lake.write_bytes(lake.join(run_dir, "model/weights.h5"), b"a new file")
+    train = lake.read_json(lake.stats_uri(run_dir, "train")) | {"final_val_nats_per_char": 1.7}
+    lake.write_json(lake.stats_uri(run_dir, "train"), train)
+    load_bytes = hook.load_bytes
+
+    def fail_on_the_model(data, key, **kwargs):
+        if key.endswith("model/model.keras"):
+            raise OSError("connection reset")
+        load_bytes(data, key=key, **kwargs)
+
+    monkeypatch.setattr(hook, "load_bytes", fail_on_the_model)
+    with pytest.raises(OSError, match="reset"):
+        collect_record(run_dir, hook, STAGES)
+    with pytest.raises(PipelineError, match="has no report.json: collect did not finish"):
+        promote_record(first["s3_uri"], hook)
+    monkeypatch.setattr(hook, "load_bytes", load_bytes)
+
+    again = collect_record(run_dir, hook, STAGES)
+    files = record(s3, "again")
+    assert files["model/model.keras"] == b"retrained" and "model/tokenizer.json" not in files
+    decision = promote_record(again["s3_uri"], hook)
+    assert decision["promoted"] and decision["reason"].startswith("this run was collected again")
+    pointer = latest(s3, "epics")
+    assert pointer["val_nats_per_char"] == 1.7 and pointer["collected_at"] == again["collected_at"]
+    assert promote_record(again["s3_uri"], hook)["reason"] == "latest points at this run's model already"
+
+
 def test_promote_refuses_a_record_collect_has_not_finished(s3, hook, tmp_path):
     report = collected_run(s3, hook, tmp_path, "half-copied", 0.9, "run_name=poems")
     key = report["s3_uri"].split("/", 3)[3] + "report.json"
@@ -273,28 +309,33 @@ def test_a_folder_prune_runs_cannot_read_is_left_alone_and_the_others_pruned(s3,
     assert lake.exists(broken) and f"keep_runs: left {broken} alone, it cannot be read" in caplog.text
 
 
-def test_a_run_folder_half_removed_does_not_look_collected(s3, hook, tmp_path, monkeypatch):
-    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "keep_runs=1"])
+@pytest.mark.parametrize("lake_root", ["local", f"s3://{LAKE_BUCKET}/half"])
+def test_a_run_folder_half_removed_does_not_look_collected_and_the_next_prune_finishes_it(
+    s3, hook, tmp_path, monkeypatch, lake_root
+):
+    lake_setting = {"lake": str(tmp_path / "lake")} if lake_root == "local" else {"lake": lake_root, "target": "emr"}
+    config = load_config(overrides=[lake_setting, "keep_runs=1"])
     old, new = (lake.run_dir(config, run_id) for run_id in ("books-old", "books-new"))
     for run_dir in (old, new):
         finished_run(s3, run_dir, run_files(config.to_json()))
         collect_record(run_dir, hook, STAGES)
-    delete = lake.delete
+    remove = RunFolder.remove
 
-    def fail_on_the_folder(uri: str) -> None:
-        if uri == old:
+    def fail_on_the_data(folder: RunFolder, *paths: str) -> None:
+        if "tokens/part-0.parquet" in paths:
             raise OSError("the disk went away")
-        delete(uri)
+        remove(folder, *paths)
 
-    monkeypatch.setattr(lake, "delete", fail_on_the_folder)
+    monkeypatch.setattr(RunFolder, "remove", fail_on_the_data)
     with pytest.raises(OSError, match="went away"):
         remove_old_runs(new, hook)
     left = RunFolder(old, hook)
-    assert left.has("model/model.keras") and not left.has("report.json")
-    assert not lake.exists(lake.stats_uri(old, "train")), "no stage of it looks complete either"
-    monkeypatch.setattr(lake, "delete", delete)
+    assert left.has("tokens/part-0.parquet") and left.has("REMOVING") and not left.has("report.json")
+    assert not left.has("stats/train.json"), "no stage of it looks complete either"
+    monkeypatch.setattr(RunFolder, "remove", remove)
     assert remove_old_runs(new, hook) == [old], "the next prune finishes it"
-    assert not lake.exists(old)
+    assert [folder.uri for folder in RunFolder(new, hook).siblings()] == [new]
+    assert left.files() == []
 
 
 def test_reports_of_an_older_version_are_ordered_by_their_files_time(s3, hook, tmp_path):

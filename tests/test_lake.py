@@ -6,6 +6,9 @@ from __future__ import annotations
 import filecmp
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,7 @@ from spark_jobs.lib.errors import PipelineError
 
 NAMES = ["Les Misérables #1.txt", "100% poems.txt", "plain.txt"]
 BUCKET = "lake-names"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +203,26 @@ def test_a_file_is_moved_whole_whatever_its_size(folder, monkeypatch, limit):
     lake.move_file(fs, source_path, lake.filesystem(target)[1])
     assert lake.read_bytes(target) == data and not lake.exists(source)
     assert streamed == ([7] if limit is not None and folder.startswith("s3://") else [])  # else S3's copy, or a rename
+
+
+def test_a_file_that_cannot_be_written_whole_leaves_the_old_one_and_no_temporary_file(tmp_path):
+    """A full disk, met here as the file size limit of the process (RLIMIT_FSIZE), fails the write
+    with nothing half-written left behind: no partial temporary file beside the old file."""
+    folder = tmp_path / "stats"
+    folder.mkdir()
+    (folder / "train.json").write_text("old\n")
+    script = (
+        "import resource, signal, sys\n"
+        "from spark_jobs.lib import lake\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))\n"
+        "try:\n"
+        f"    lake.write_bytes({to_uri(str(folder / 'train.json'))!r}, b'x' * 200_000)\n"
+        "except OSError as error:\n"
+        "    sys.exit(f'failed: {error}')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+
+    assert "failed:" in result.stderr and "large" in result.stderr, result.stderr
+    assert sorted(path.name for path in folder.iterdir()) == ["train.json"]
+    assert (folder / "train.json").read_text() == "old\n"

@@ -79,16 +79,51 @@ def read_json(uri: str):
 
 
 def write_bytes(uri: str, data: bytes) -> None:
-    """Write a whole file; locally via a temporary name and a rename, so readers never see half of it."""
-    fs, path = filesystem(uri)
-    fs.create_dir(posixpath.dirname(path), recursive=True)
-    target = path
-    if isinstance(fs, pafs.LocalFileSystem):
-        target = f"{path}.tmp-{uuid.uuid4().hex}"
-    with fs.open_output_stream(target) as stream:
-        stream.write(data)
-    if target != path:
-        fs.move(target, path)
+    """Write a whole file (an AtomicFile: readers never see half of it)."""
+    with AtomicFile(uri) as file:
+        file.stream.write(data)
+
+
+class AtomicFile:
+    """A file written to the lake whole or not at all: locally under a hidden temporary name (which
+    Spark and readers of the folder ignore), renamed when committed; on S3 the object appears when
+    its upload completes. An aborted file is deleted."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        self.fs, self.path = filesystem(uri)
+        folder, name = posixpath.split(self.path)
+        self.fs.create_dir(folder, recursive=True)
+        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.target = posixpath.join(folder, f".{name}.tmp-{uuid.uuid4().hex}") if self.local else self.path
+        self.stream = self.fs.open_output_stream(self.target)
+
+    def commit(self) -> None:
+        self.stream.close()
+        if self.local:
+            self.fs.move(self.target, self.path)
+
+    def abort(self) -> None:
+        if not self.stream.closed:
+            try:
+                self.stream.close()
+            except OSError:  # e.g. the disk is full: what it holds goes anyway
+                pass
+        if self.fs.get_file_info(self.target).type == pafs.FileType.File:
+            self.fs.delete_file(self.target)
+
+    def __enter__(self) -> AtomicFile:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is not None:
+            self.abort()
+            return
+        try:
+            self.commit()
+        except BaseException:  # a commit that fails (a full disk) leaves no temporary file either
+            self.abort()
+            raise
 
 
 def move_file(fs: pafs.FileSystem, source: str, target: str) -> None:

@@ -1,50 +1,14 @@
 """Files that executors write straight to the lake with pyarrow (Parquet parts, TFRecord shards).
 
-An AtomicFile is whole or absent: locally it is written under a hidden temporary name (ignored by
-Spark and by readers of the folder) and renamed when committed; on S3 the object appears when
-its upload completes, and an aborted file is deleted. Part names are deterministic per task, so a
-retried task replaces its earlier attempt instead of adding a duplicate.
+Each is a lake.AtomicFile, whole or absent. Part names are deterministic per task, so a retried
+task replaces its earlier attempt instead of adding a duplicate.
 """
 
 from __future__ import annotations
 
 import posixpath
-import uuid
-
-from pyarrow import fs as pafs
 
 from spark_jobs.lib import lake
-
-
-class AtomicFile:
-    def __init__(self, uri: str):
-        self.uri = uri
-        self.fs, self.path = lake.filesystem(uri)
-        folder, name = posixpath.split(self.path)
-        self.fs.create_dir(folder, recursive=True)
-        self.local = isinstance(self.fs, pafs.LocalFileSystem)
-        self.target = posixpath.join(folder, f".{name}.tmp-{uuid.uuid4().hex}") if self.local else self.path
-        self.stream = self.fs.open_output_stream(self.target)
-
-    def commit(self) -> None:
-        self.stream.close()
-        if self.local:
-            self.fs.move(self.target, self.path)
-
-    def abort(self) -> None:
-        if not self.stream.closed:
-            self.stream.close()
-        if self.fs.get_file_info(self.target).type == pafs.FileType.File:
-            self.fs.delete_file(self.target)
-
-    def __enter__(self) -> AtomicFile:
-        return self
-
-    def __exit__(self, kind, value, traceback) -> None:
-        if kind is None:
-            self.commit()
-        else:
-            self.abort()
 
 
 def part_name(task: int, suffix: str) -> str:
@@ -85,7 +49,7 @@ class ParquetPart:
     def __init__(self, uri: str, schema):
         import pyarrow.parquet as pq
 
-        self.file = AtomicFile(uri)
+        self.file = lake.AtomicFile(uri)
         self.writer = pq.ParquetWriter(self.file.stream, schema)
         self.rows = 0
 

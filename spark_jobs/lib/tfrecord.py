@@ -18,7 +18,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from spark_jobs.lib.parts import AtomicFile
+from spark_jobs.lib import lake
+
 
 INPUT_KEY = b"input_ids"
 TARGET_KEY = b"target_ids"
@@ -205,10 +206,10 @@ def windows_to_tfrecord_bytes(windows: np.ndarray) -> bytes:
 
 
 class ShardWriter:
-    """One TFRecord file streamed to the lake, whole or absent (spark_jobs.lib.parts.AtomicFile)."""
+    """One TFRecord file streamed to the lake, whole or absent (spark_jobs.lib.lake.AtomicFile)."""
 
     def __init__(self, uri: str):
-        self.file = AtomicFile(uri)
+        self.file = lake.AtomicFile(uri)
         self.records = 0
         self.bytes = 0
 
