@@ -45,7 +45,7 @@ from airflow.sdk import (
 )
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from include import emr, emr_tasks, local_runner, trigger_form
+from include import emr, emr_tasks, local_runner, locks, trigger_form
 from include.collect import (
     AWS_CONN_ID,
     RunFolder,
@@ -150,7 +150,8 @@ def run_local_stage(stage: str, run_dir: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as code_dir:
         package_code(Path(code_dir))
         try:
-            local_runner.run_stage(stage, config, run_dir, Path(code_dir))
+            with locks.run_folder_held(run_dir, f"the DAG's task {stage}"):
+                local_runner.run_stage(stage, config, run_dir, Path(code_dir))
         except local_runner.StageFailed as error:
             if error.bad_input:  # fail without the retry, which would stop on the same input
                 raise AirflowFailException(str(error)) from error

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import fcntl
 import json
 import os
 import shlex
@@ -24,12 +23,12 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import closing, contextmanager
+from collections.abc import Iterable
+from contextlib import closing
 from pathlib import Path
 
 from include.collect import REPORT_JSON, REPORT_TEXT, latest_key
-from include import process_tree
+from include import locks, process_tree
 from include.local_s3 import LocalS3
 from include.schedule import cron_timetable
 from spark_jobs.lib import corpus, lake, memory, storage
@@ -204,25 +203,13 @@ def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterabl
     print(f"\nmore samples:     .venv/bin/python -m spark_jobs.generate --model-dir {model} --prompt 'ROMEO:'")
 
 
-@contextmanager
-def exclusive_home(home: Path, command: str) -> Iterator[None]:
+def exclusive_home(home: Path, command: str):
     """Hold Airflow's home for one command: its SQLite database takes one `airflow dags test` or
-    `airflow standalone` at a time. The lock goes with the process, however it ends."""
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / "in-use.lock", "a+", encoding="utf-8") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another command"
-            raise PipelineError(
-                f"{home} is in use by {holder}; Airflow's SQLite database there takes one command at a time: "
-                "wait for it or stop it (while `make airflow` runs, trigger runs from its UI)"
-            ) from None
-        handle.truncate(0)
-        handle.write(f"`{command}` (pid {os.getpid()})")
-        handle.flush()
-        yield
+    `airflow standalone` at a time."""
+    return locks.held(home / "in-use.lock", f"`{command}`", lambda holder: (
+        f"{home} is in use by {holder}; Airflow's SQLite database there takes one command at a time: "
+        "wait for it or stop it (while `make airflow` runs, trigger runs from its UI)"
+    ))  # fmt: skip
 
 
 def run(config: PipelineConfig, conf: dict) -> int:

@@ -18,6 +18,7 @@ import posixpath
 from datetime import datetime, timezone
 from pathlib import Path
 
+from include import locks
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import from_json
 from spark_jobs.lib.errors import PipelineError
@@ -268,10 +269,15 @@ def remove_old_runs(run_dir: str, hook) -> list[str]:
         except (OSError, ValueError, AttributeError) as error:  # another's folder must not stop this run's prune
             log.warning("keep_runs: left %s alone, it cannot be read: %s", folder.uri, error)
     others.sort(key=lambda item: item[0], reverse=True)
-    old = [folder for _, folder in others[config.keep_runs - 1 :]] + unfinished_removals
-    for folder in old:
-        folder.delete()
-    return [folder.uri for folder in old]
+    removed = []
+    for folder in [folder for _, folder in others[config.keep_runs - 1 :]] + unfinished_removals:
+        try:
+            with locks.run_folder_held(folder.uri, "prune_runs"):
+                folder.delete()
+            removed.append(folder.uri)
+        except locks.InUse as error:  # being run again: no longer a collected run to prune
+            log.warning("keep_runs: left %s alone: %s", folder.uri, error)
+    return removed
 
 
 def collected_run_name(run: RunFolder) -> str | None:
@@ -292,7 +298,7 @@ def collected_at(run: RunFolder) -> str:
 
 def latest_folder(config) -> str:
     """s3://{s3.bucket}/{s3.prefix}/latest: the latest pointers, one per run name (the model asset's URI)."""
-    return f"s3://{config.s3.bucket}/" + posixpath.join(config.s3.prefix.strip("/"), LATEST_FOLDER)
+    return posixpath.join(config.s3.record_folder(), LATEST_FOLDER)
 
 
 def latest_key(config) -> str:

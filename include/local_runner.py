@@ -7,6 +7,7 @@ corpus and prints where the outputs are; the DAG uses `run_stage` for its local 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pyspark
 
-from include import class_archive
+from include import class_archive, locks
 from include.spark_submit import STAGES, local_master, package_code, spark_submit_argv
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib import stages as stage_graph
@@ -155,13 +156,28 @@ def chosen_stages(names: str) -> tuple[str, ...]:
     return tuple(stage for stage in STAGES if stage in named)
 
 
-def check_new_run_has_inputs(stages: tuple[str, ...], run_id: str) -> None:
+def new_run_id(config: PipelineConfig, name: str) -> str:
+    """`name`, or name-2, name-3, ... when a command started in the same second took it: its folder
+    is made here, at once, so that two commands never share one."""
+    for number in itertools.count(1):
+        run_id = name if number == 1 else f"{name}-{number}"
+        folder = Path(lake.local_path(lake.run_dir(config, run_id)))
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir()
+            return run_id
+        except FileExistsError:
+            continue
+
+
+def check_new_run_has_inputs(stages: tuple[str, ...], run_id: str | None) -> None:
     """In a new run folder nothing has completed: every stage's inputs must run too."""
+    run = f"run {run_id} does not exist yet" if run_id else "without --run-id the run is new"
     for stage in stages:
         missing = [source for source in stage_graph.INPUTS[stage] if source not in stages]
         if missing:
             raise ConfigError(
-                f"run {run_id} does not exist yet, and stage {stage} reads the outputs of {', '.join(missing)}: "
+                f"{run}, and stage {stage} reads the outputs of {', '.join(missing)}: "
                 f"add {'them' if len(missing) > 1 else 'it'} to --stages, or give the --run-id of a run where "
                 f"{'they have' if len(missing) > 1 else 'it has'} completed"
             )
@@ -202,17 +218,21 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupt)
     try:
         config = resolve_config(args)
+        if config.target != "local":
+            raise ConfigError(f"target is {config.target}: this command runs stages on this machine (target local), "
+                              "target emr runs from the DAG; to run here, add --set target=local --set lake=lake")
         stages = chosen_stages(args.stages)
-        run_id = args.run_id or f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
-        if not lake.exists(lake.join(lake.run_dir(config, run_id), lake.CONFIG_FILE)):
-            check_new_run_has_inputs(stages, run_id)
+        if not (args.run_id and lake.exists(lake.join(lake.run_dir(config, args.run_id), lake.CONFIG_FILE))):
+            check_new_run_has_inputs(stages, args.run_id)
         if "tokenize" in stages:
             sizes = lake.corpus_files(config)
             corpus.check_fits(config, sizes)
             storage.check_lake_room(config, sizes)
         if "train" in stages:
             memory.check_local_training(config)
-        run_dir = run_pipeline(config, run_id, stages)
+        run_id = args.run_id or new_run_id(config, f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")
+        with locks.run_folder_held(lake.run_dir(config, run_id), "python -m include.local_runner"):
+            run_dir = run_pipeline(config, run_id, stages)
     except (PipelineError, StageFailed) as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2

@@ -96,6 +96,23 @@ def test_cross_field_rules():
     assert load_config(overrides=[*emr, "emr.idle_timeout_minutes=7"]).emr.idle_timeout_minutes == 7
 
 
+@pytest.mark.parametrize(
+    "lake, prefix",
+    [("s3://gpt-pipeline", "runs"), ("s3://gpt-pipeline/", "/runs/"), ("s3://gpt-pipeline/lake", "lake/runs/records")],
+)
+def test_a_lake_whose_run_folders_hold_the_records_is_refused(lake, prefix):
+    """prune_runs removes run folders: they must not be where collect keeps records and latest pointers."""
+    settings = ["target=emr", f"lake={lake}", f"s3.prefix={prefix}"]
+    with pytest.raises(ConfigError, match=r"lake \(s3://gpt-pipeline.*\) keeps its run folders in s3://gpt-pipeline/.*runs/, where s3.bucket and s3.prefix put"):
+        load_config(overrides=settings)
+    assert load_config(overrides=["target=emr", f"lake={lake.rstrip('/')}/lake", "s3.prefix=runs"]).s3.record_folder() == (
+        "s3://gpt-pipeline/runs"
+    )
+    assert load_config(overrides=["target=emr", "lake=s3://gpt-pipeline", "s3.prefix="]).s3.record_folder() == (
+        "s3://gpt-pipeline"
+    )
+
+
 def test_overrides_parse_yaml_values_and_globs_stay_strings():
     assert parse_override("train.max_steps=200") == (["train", "max_steps"], 200)
     assert parse_override("embedding.word2vec.enabled=false") == (["embedding", "word2vec", "enabled"], False)

@@ -338,6 +338,22 @@ def test_a_run_folder_half_removed_does_not_look_collected_and_the_next_prune_fi
     assert left.files() == []
 
 
+def test_a_run_folder_in_use_is_not_pruned(s3, hook, tmp_path, caplog):
+    from include import locks
+
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=books", "keep_runs=1"])
+    old, new = (lake.run_dir(config, run_id) for run_id in ("books-old", "books-new"))
+    for run_dir in (old, new):
+        finished_run(s3, run_dir, run_files(config.to_json()))
+        collect_record(run_dir, hook, STAGES)
+    with locks.run_folder_held(old, "python -m include.local_runner"):
+        assert remove_old_runs(new, hook) == []
+    assert lake.exists(lake.join(old, "report.json"))
+    assert f"keep_runs: left {old} alone: run folder {old} is in use by python -m include.local_runner" in caplog.text
+    assert remove_old_runs(new, hook) == [old]
+    assert not lake.exists(old)
+
+
 def test_reports_of_an_older_version_are_ordered_by_their_files_time(s3, hook, tmp_path):
     """Their reports hold no collected_at: the report file's time stands in for it."""
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=books", "keep_runs=2"])

@@ -3,6 +3,8 @@ and create_run clearing their completion markers when an existing run's settings
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from include.spark_submit import STAGES
@@ -108,6 +110,46 @@ def test_the_done_line_counts_long_lists_instead_of_printing_them():
     assert brief(stats, "stats/window.json") == {
         "sequences": "300 entries, see stats/window.json", "splits": {"train": {"tokens": 5}}, "skipped": [1, 2]
     }
+
+
+def test_a_run_folder_used_again_is_no_longer_a_collected_run(tmp_path):
+    """Its report goes as soon as a command takes it up again, so prune_runs leaves it alone."""
+    run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
+    for report in (lake.REPORT_JSON, lake.REPORT_TEXT):
+        lake.write_text(lake.join(run, report), "{}")
+    lake.create_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
+    assert not lake.exists(lake.join(run, lake.REPORT_JSON)) and not lake.exists(lake.join(run, lake.REPORT_TEXT))
+
+
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path):
+    from include import local_runner
+
+    config = small_config(tmp_path, tmp_path / "c.txt")
+    ids = [local_runner.new_run_id(config, "books-20261123T072216Z") for _ in range(3)]
+    assert ids == ["books-20261123T072216Z", "books-20261123T072216Z-2", "books-20261123T072216Z-3"]
+    assert all(lake.exists(lake.run_dir(config, run_id)) for run_id in ids)
+
+
+def test_a_run_folder_in_use_is_refused_to_a_second_command(tmp_path, capsys):
+    from include import local_runner, locks
+
+    run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
+    complete(run, *STAGES)
+    with locks.run_folder_held(run, "the DAG's task train"):
+        code = local_runner.main(["--run-id", "r", "--stages", "generate", "--set", f"lake={tmp_path / 'lake'}"])
+    assert code == 2
+    assert capsys.readouterr().err.startswith(
+        f"ERROR run folder {run} is in use by the DAG's task train (pid {os.getpid()}): wait for it to end"
+    )
+    assert completed(run) == list(STAGES), "nothing of the run was touched"
+
+
+def test_the_local_runner_runs_target_local_only(tmp_path, capsys):
+    from include import local_runner
+
+    code = local_runner.main(["--set", "target=emr", "--set", "lake=s3://some-bucket/lake"])
+    assert code == 2
+    assert "ERROR target is emr: this command runs stages on this machine" in capsys.readouterr().err
 
 
 def test_the_local_runner_stops_a_corpus_too_small_for_a_window_before_spark(tmp_path, capsys):

@@ -120,6 +120,10 @@ class S3Config(_Section):
     def _bucket_name(cls, value: str) -> str:
         return check_bucket_name(value)
 
+    def record_folder(self) -> str:
+        """s3://{bucket}/{prefix}: where collect puts the runs' records and latest pointers."""
+        return posixpath.join(f"s3://{self.bucket}", self.prefix.strip("/")).rstrip("/")
+
 
 class TokenizerConfig(_Section):
     vocab_size: int = Field(ge=MIN_VOCAB_SIZE, le=1_000_000)
@@ -303,6 +307,13 @@ class PipelineConfig(_Section):
         if self.target == "local" and self.lake.startswith("s3://"):
             raise ValueError(f"lake must be a local path or file:// URI for target local (local Spark reads no s3://), "
                              f"got {self.lake!r}")
+        runs, records = f"{self.lake}/runs", self.s3.record_folder()
+        if runs == records or records.startswith(runs + "/"):
+            raise ValueError(
+                f"lake ({self.lake}) keeps its run folders in {runs}/, where s3.bucket and s3.prefix put the runs' "
+                "records and latest pointers: prune_runs and collect would remove and overwrite each other's files; "
+                "give the lake another prefix"
+            )
         if self.target == "emr" and self.emr.idle_timeout_minutes < self.emr.shortest_idle_timeout_minutes():
             raise ValueError(
                 f"emr.idle_timeout_minutes ({self.emr.idle_timeout_minutes}) must be at least "

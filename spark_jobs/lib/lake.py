@@ -352,10 +352,12 @@ def safe_run_id(run_id: str) -> str:
 
 def create_run(config: PipelineConfig, run_id: str) -> str:
     """Make a run folder holding the resolved config, or update an existing one's: the stages
-    whose outputs changed settings make stale are no longer complete. Returns its URI."""
+    whose outputs changed settings make stale are no longer complete, and its report goes. Returns its URI."""
     folder = run_dir(config, run_id)
     config_uri = join(folder, CONFIG_FILE)
     if exists(config_uri):
+        for report in (REPORT_JSON, REPORT_TEXT):  # run again, it is no longer a collected run (prune_runs)
+            delete(join(folder, report))
         changed = stages.changed_settings(json.loads(read_text(config_uri)), json.loads(config.to_json()))
         cleared = [name for stage in stages.stale_stages(list(changed)) for name in clear_stage(folder, stage)]
         if cleared:
