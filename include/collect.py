@@ -248,9 +248,9 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | No
 
 
 def remove_old_runs(run_dir: str, hook) -> list[str]:
-    """With keep_runs set, remove the lake's run folders of this run's name that collect finished,
-    all but the newest keep_runs (this run among them), and return them. Runs without a report
-    (unfinished, or being run again), runs of other names and folders it cannot read (logged) are
+    """With keep_runs set, remove the lake's run folders of this run's name and corpus that collect
+    finished, all but the newest keep_runs (this run among them), and return them. Runs without a report
+    (unfinished, or being run again), runs of other names or corpora and folders it cannot read (logged) are
     left alone; records on S3 stay. A removal that stopped halfway (its folder holds REMOVING) is
     finished."""
     run = RunFolder(run_dir, hook)
@@ -264,7 +264,7 @@ def remove_old_runs(run_dir: str, hook) -> list[str]:
         try:
             if folder.has(REMOVING):
                 unfinished_removals.append(folder)
-            elif collected_run_name(folder) == config.run_name:
+            elif collected_lineage(folder) == (config.run_name, config.corpus):
                 others.append((collected_at(folder), folder))
         except (OSError, ValueError, AttributeError) as error:  # another's folder must not stop this run's prune
             log.warning("keep_runs: left %s alone, it cannot be read: %s", folder.uri, error)
@@ -280,11 +280,13 @@ def remove_old_runs(run_dir: str, hook) -> list[str]:
     return removed
 
 
-def collected_run_name(run: RunFolder) -> str | None:
-    """The run name of a run folder collect finished (with a report), else None."""
+def collected_lineage(run: RunFolder) -> tuple[str, list[str]] | None:
+    """The run name and corpus of a run folder collect finished (with a report), else None: the
+    retrainings keep_runs counts share both (two corpora may share a default run name, input.txt's)."""
     if not (run.has(REPORT_JSON) and run.has(lake.CONFIG_FILE)):
         return None
-    return run.read_json(lake.CONFIG_FILE).get("run_name")
+    config = run.read_json(lake.CONFIG_FILE)
+    return config.get("run_name"), config.get("corpus")
 
 
 def collected_at(run: RunFolder) -> str:

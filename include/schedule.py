@@ -18,5 +18,8 @@ def cron_timetable(schedule: str):
     try:
         timetable.validate()
     except AirflowTimetableInvalid as error:
-        raise ConfigError(f"invalid configuration: schedule: {error} (got {schedule!r})") from None
+        raise ConfigError(
+            f"invalid configuration: schedule: {error} (got {schedule!r}); it takes a cron expression such as "
+            "'0 3 * * 1' (UTC), a preset such as @daily or @weekly, or null for none"
+        ) from None
     return timetable

@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from spark_jobs.lib import embeddings, lake, parts
+from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage
 
 STAGE = "positional_embed"
@@ -38,6 +39,7 @@ def read_sentences(every: int):
 
 def word2vec_vectors(spark, config, run: str, train_windows: int) -> tuple[dict[int, np.ndarray], dict, dict]:
     """Learned vectors by token id, what to record about the training, and timings."""
+    from pyspark.errors import IllegalArgumentException
     from pyspark.ml.feature import Word2Vec
 
     settings = config.embedding.word2vec
@@ -50,7 +52,7 @@ def word2vec_vectors(spark, config, run: str, train_windows: int) -> tuple[dict[
     sample_s = time.perf_counter() - started
     started = time.perf_counter()
     partitions = spark.sparkContext.defaultParallelism
-    model = Word2Vec(
+    word2vec = Word2Vec(
         vectorSize=config.embedding.dim,
         windowSize=settings.window,
         minCount=settings.min_count,
@@ -59,7 +61,17 @@ def word2vec_vectors(spark, config, run: str, train_windows: int) -> tuple[dict[
         numPartitions=partitions,
         maxSentenceLength=config.data.block_size + 1,
         inputCol="sentence",
-    ).fit(sentences)
+    )
+    try:
+        model = word2vec.fit(sentences)
+    except IllegalArgumentException as error:
+        if "vocabulary size should be > 0" not in str(error):
+            raise
+        raise PipelineError(
+            f"embedding.word2vec.min_count ({settings.min_count}): no token occurs that often in the {n_sentences:,} "
+            f"training windows Word2Vec reads (at most embedding.word2vec.max_sentences, {settings.max_sentences:,}); "
+            "lower min_count or raise max_sentences"
+        ) from None
     learned = {int(row.word): np.asarray(row.vector.toArray(), dtype=np.float32) for row in model.getVectors().collect()}
     sentences.unpersist()
     values = np.stack(list(learned.values())) if learned else np.zeros((0, config.embedding.dim))

@@ -22,7 +22,7 @@ import numpy as np
 
 from spark_jobs.lib import bpe, lake, parts
 from spark_jobs.lib.stage import run_stage, warn
-from spark_jobs.lib.windows import SPLITS, Piece, check_windows, plan_windows
+from spark_jobs.lib.windows import SPLITS, Piece, check_enough_windows, check_windows, plan_windows
 
 STAGE = "window"
 ROWS_PER_BATCH = 8192
@@ -122,6 +122,8 @@ def body(spark, config, run: str) -> dict:
     warnings = check_windows(counts, block_size, stride, paths, tokenize.get("val_split", "tail"))
     for message in warnings:
         warn(STAGE, message)
+    windows = {split: counts["splits"][split]["windows"] for split in SPLITS}
+    check_enough_windows("window", windows["train"], windows["val"], config.data.shards, config)
 
     timings = {"plan_s": time.perf_counter() - started}
 

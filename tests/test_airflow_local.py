@@ -83,7 +83,9 @@ def test_a_schedule_the_dag_could_not_parse_is_named_before_airflow_starts(tmp_p
     monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(tmp_path / "pipeline.yaml"))
     monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
     assert airflow_local.main([command]) == 2
-    assert "ERROR invalid configuration: schedule: " in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "ERROR invalid configuration: schedule: " in error
+    assert "it takes a cron expression such as '0 3 * * 1' (UTC), a preset such as @daily or @weekly" in error
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 

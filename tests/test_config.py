@@ -56,6 +56,23 @@ def test_odd_values_get_one_line_naming_the_field_not_a_traceback(override, mess
         load_config(overrides=[override])
 
 
+@pytest.mark.parametrize(
+    "override",
+    ["tokenizer.train_sample_mb=.inf", "train.grad_clip=.inf", "generate.temperature=.inf", "train.learning_rate=.nan",
+     "emr.max_cost_usd=.inf", "emr.train_seconds_per_step=.inf"],
+)  # fmt: skip
+def test_infinity_and_nan_are_refused_where_json_would_make_them_null(override):
+    """A run's config.json holds no infinity: it would come back as null and fail every stage."""
+    field = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^invalid configuration: {field}: Input should be a finite number"):
+        load_config(overrides=[override])
+
+
+def test_a_gradient_clip_past_what_float32_holds_is_refused():
+    with pytest.raises(ConfigError, match=r"^invalid configuration: train.grad_clip: Input should be less than or equal to 1000000000"):
+        load_config(overrides=["train.grad_clip=1.0e39"])
+
+
 @pytest.mark.parametrize("field", ["train.seed", "embedding.word2vec.seed", "generate.seed"])
 def test_a_seed_is_refused_where_numpy_would_refuse_it(field):
     # keras.utils.set_random_seed (np.random.seed) takes 0 to 2**32 - 1, np.random.default_rng no negative seed.

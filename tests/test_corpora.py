@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 
 import pyarrow.parquet as pq
@@ -152,6 +153,39 @@ def test_bad_file_is_skipped_with_a_warning(spark, tmp_path, capsys, shakespeare
     assert stats["files"] == 3 and stats["splits"]["train"]["documents"] == 1
     text = shakespeare_slice.read_text(encoding="utf-8")
     assert stats["splits"]["train"]["chars"] + stats["splits"]["val"]["chars"] == len(text)
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [("data.shards=1000", r"the val split has \d+ windows, fewer than its 1000 shards, so some of the 2 workers"),
+     ("train.batch_size=20000", r"the train split has \d+ windows, fewer than train.batch_size 20000")],
+)  # fmt: skip
+def test_too_few_windows_for_the_shards_or_a_batch_stop_the_window_stage(spark, tmp_path, capsys, shakespeare_slice,
+                                                                        setting, message):
+    """Before anything is written, not at train after the embeddings and the export."""
+    run, code = run_tokenize(small_config(tmp_path, shakespeare_slice, [setting]))
+    assert code == 0
+    with pytest.raises(SystemExit) as stop:
+        run_stage("window", window.body, ["--run-dir", run])
+    assert stop.value.code == 2
+    assert re.fullmatch(f"ERROR \\[window\\] window: {message}.*", error_line(capsys))
+    assert not lake.exists(lake.join(run, "windows")) and not lake.exists(lake.stats_uri(run, "window"))
+
+
+def test_a_word2vec_min_count_no_token_reaches_is_named(spark, tmp_path, capsys, shakespeare_slice):
+    config = small_config(tmp_path, shakespeare_slice, ["embedding.word2vec.min_count=100000"])
+    run, code = run_tokenize(config)
+    run_stage("window", window.body, ["--run-dir", run])
+    with pytest.raises(SystemExit) as stop:
+        run_stage("positional_embed", positional_embed.body, ["--run-dir", run])
+    assert stop.value.code == 2, "bad input: no retry"
+    assert re.fullmatch(
+        r"ERROR \[positional_embed\] embedding.word2vec.min_count \(100000\): no token occurs that often in the "
+        r"[\d,]+ training windows Word2Vec reads \(at most embedding.word2vec.max_sentences, 2,000\); lower min_count or "
+        r"raise max_sentences",
+        error_line(capsys),
+    )
+    assert lake.read_json(lake.join(run, lake.error_path("positional_embed")))["bad_input"] is True
 
 
 def test_windows_line_ends_and_a_byte_order_mark_are_read_as_plain_text(spark, tmp_path, shakespeare_slice):

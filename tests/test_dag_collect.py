@@ -281,16 +281,18 @@ def test_keep_runs_removes_the_oldest_collected_runs_of_the_run_name(s3, hook, t
 
     books = [finished(f"books-{number}", "run_name=books", "keep_runs=2") for number in range(3)]
     sonnets = finished("sonnets-0", "run_name=sonnets", "keep_runs=2")
+    # Another corpus of the same name (two folders' books.txt): not a retraining of this one.
+    other_corpus = finished("books-other-corpus", {"corpus": "/elsewhere/books.txt"}, "keep_runs=2")
     unfinished = finished("books-unfinished", "run_name=books", "keep_runs=2")  # never collected
     without_setting = finished("books-kept", "run_name=books")
-    for run_dir in [sonnets, *books]:
+    for run_dir in [sonnets, other_corpus, *books]:
         collect_record(run_dir, hook, STAGES)
 
     assert remove_old_runs(books[2], hook) == [books[0]]
     written = RunFolder(books[1], hook).modified("report.json")  # what stands in for an older report's time
     assert abs((datetime.now(timezone.utc) - written).total_seconds()) < 60
     left = [folder.uri for folder in RunFolder(books[2], hook).siblings()]
-    assert left == sorted([*books[1:], sonnets, unfinished, without_setting])
+    assert left == sorted([*books[1:], sonnets, other_corpus, unfinished, without_setting])
     assert record(s3, "books-0")["model/model.keras"] == b"\x00model bytes\xff", "the record on S3 stays"
     assert remove_old_runs(books[2], hook) == []
     collect_record(without_setting, hook, STAGES)

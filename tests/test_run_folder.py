@@ -162,6 +162,20 @@ def test_the_local_runner_stops_a_corpus_too_small_for_a_window_before_spark(tmp
     assert not (tmp_path / "lake").exists()
 
 
+def test_the_local_runner_stops_whole_file_validation_of_a_single_file_before_spark(tmp_path, capsys, shakespeare_slice):
+    from include import local_runner
+
+    code = local_runner.main(
+        ["--corpus", str(shakespeare_slice), "--set", f"lake={tmp_path / 'lake'}", "--set", "data.val_split=files"]
+    )
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"ERROR data.val_split=files: the corpus is one file ({shakespeare_slice.as_uri()}), and validation would "
+        "take it whole; use data.val_split=tail (or auto) or more files\n"
+    )
+    assert not (tmp_path / "lake").exists()
+
+
 def test_a_lake_where_no_folder_can_be_made_is_named(tmp_path):
     (tmp_path / "a-file").write_text("")
     config = load_config(overrides=[{"lake": str(tmp_path / "a-file" / "lake")}])

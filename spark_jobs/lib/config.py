@@ -107,7 +107,8 @@ class ConfigError(PipelineError, ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # No infinity or NaN: JSON has neither (a run's config.json would hold null), and no knob means it.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class S3Config(_Section):
@@ -177,7 +178,7 @@ class TrainConfig(_Section):
     min_learning_rate: float = Field(ge=0)
     warmup_steps: int = Field(ge=0)
     weight_decay: float = Field(ge=0)
-    grad_clip: float = Field(gt=0)
+    grad_clip: float = Field(gt=0, le=1e9)  # 1e9 clips nothing; far larger ones overflow float32 to nan
     eval_interval: int = Field(ge=1)
     log_interval: int = Field(ge=1)
     eval_batches: int = Field(ge=1)

@@ -86,8 +86,14 @@ def check_size(sizes: list[int], block_size: int, val_fraction: float) -> None:
 
 
 def check_fits(config, sizes: dict[str, int]) -> None:
-    """check_size for the corpus files `sizes` ({URI: bytes}) under the config's window and split."""
+    """check_size for the corpus files `sizes` ({URI: bytes}) under the config's window and split,
+    and data.val_split=files for a corpus of one file (tokenize checks more files exactly)."""
     check_size(list(sizes.values()), config.data.block_size, config.data.val_fraction)
+    if config.data.val_split == "files" and len(sizes) == 1:
+        raise PipelineError(
+            f"data.val_split=files: the corpus is one file ({next(iter(sizes))}), and validation would take it "
+            "whole; use data.val_split=tail (or auto) or more files"
+        )
 
 
 def read_range(uri: str, start: int, length: int) -> bytes:

@@ -103,10 +103,25 @@ def check_training_fits(config: PipelineConfig, worker_mb: float, where: str) ->
         batch = config.train.batch_size // config.train.num_workers
         raise ConfigError(
             f"training needs {describe(need, f'; a batch of {batch} x {config.data.block_size} tokens per worker')}, "
-            f"more than the {worker_mb:,.0f} MB a worker has {where}: "
-            "lower train.batch_size, data.block_size, model.n_layer or embedding.dim"
+            f"more than the {worker_mb:,.0f} MB a worker has {where}: {remedy(need)}"
         )
     return need
+
+
+# The settings each part of the estimate grows with, the ones that shrink it most first.
+PART_SETTINGS = {
+    "activations": ("train.batch_size", "data.block_size", "model.n_layer", "embedding.dim", "model.mlp_ratio"),
+    "attention_scores": ("data.block_size", "train.batch_size", "model.n_head", "model.n_layer"),
+    "logits": ("tokenizer.vocab_size", "train.batch_size", "data.block_size"),
+    "parameters": ("tokenizer.vocab_size", "embedding.dim", "model.n_layer", "model.mlp_ratio"),
+}
+
+
+def remedy(need: dict[str, float]) -> str:
+    """What to lower: the settings of the estimate's largest part."""
+    largest = max(PART_SETTINGS, key=lambda part: need[part])
+    settings = PART_SETTINGS[largest]
+    return f"{largest.replace('_', ' ')} take the most; lower {', '.join(settings[:-1])} or {settings[-1]}"
 
 
 def describe(need: dict[str, float], note: str = "") -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.windows import check_enough_windows
 
 MANIFEST = "tfrecords/manifest.json"
 SPLITS = ("train", "val")
@@ -34,26 +35,9 @@ def read_manifest(run: str, config: PipelineConfig) -> dict:
             raise PipelineError(
                 f"{uri}: {len(info['shards'])} {split} shards cannot be split evenly across {workers} workers"
             )
-    check_enough_windows(uri, manifest, config)
+    splits = manifest["splits"]
+    check_enough_windows(uri, splits["train"]["windows"], splits["val"]["windows"], len(splits["val"]["shards"]), config)
     return manifest
-
-
-def check_enough_windows(uri: str, manifest: dict, config: PipelineConfig) -> None:
-    """Training needs a batch's worth of windows. Validation needs only a window in every shard, so
-    that every worker has some: a worker's validation batches repeat its windows to fill them, so a
-    small corpus's few validation windows still measure the model."""
-    train, val = manifest["splits"]["train"], manifest["splits"]["val"]
-    if train["windows"] < config.train.batch_size:
-        raise PipelineError(
-            f"{uri}: the train split has {train['windows']} windows, fewer than train.batch_size "
-            f"{config.train.batch_size}; use a larger corpus or a smaller block size or batch"
-        )
-    if val["windows"] < len(val["shards"]):
-        raise PipelineError(
-            f"{uri}: the val split has {val['windows']} windows, fewer than its {len(val['shards'])} shards, so some "
-            f"of the {config.train.num_workers} workers would have none; lower data.shards (a multiple of "
-            "train.num_workers), or give validation more text (data.val_fraction) or shorter windows (data.block_size)"
-        )
 
 
 def worker_shards(manifest: dict, split: str, worker: int, workers: int) -> list[str]:

@@ -194,6 +194,24 @@ def check_windows(counts: dict, block_size: int, stride: int, paths: dict[int, s
     return warnings + coverage_warnings(counts, block_size, stride)
 
 
+def check_enough_windows(where: str, train_windows: int, val_windows: int, val_shards: int, config) -> None:
+    """Training needs a batch's worth of windows. Validation needs only a window in every shard, so
+    that every worker has some: a worker's validation batches repeat its windows to fill them, so a
+    small corpus's few validation windows still measure the model. The window stage checks as soon
+    as it has counted them, train again on export's manifest."""
+    if train_windows < config.train.batch_size:
+        raise PipelineError(
+            f"{where}: the train split has {train_windows} windows, fewer than train.batch_size "
+            f"{config.train.batch_size}; use a larger corpus or a smaller block size or batch"
+        )
+    if val_windows < val_shards:
+        raise PipelineError(
+            f"{where}: the val split has {val_windows} windows, fewer than its {val_shards} shards, so some "
+            f"of the {config.train.num_workers} workers would have none; lower data.shards (a multiple of "
+            "train.num_workers), or give validation more text (data.val_fraction) or shorter windows (data.block_size)"
+        )
+
+
 def coverage_warnings(counts: dict, block_size: int, stride: int) -> list[str]:
     """A warning per split whose windows cover much less of its tokens than long files would give:
     the tokens after each file's last window go unused, which adds up over many short files."""
