@@ -358,7 +358,7 @@ def test_make_run_runs_the_dag_and_prints_where_the_outputs_are(tmp_path, shakes
     older = tmp_path / "lake" / "runs" / "slice-older"  # a run of the same name that collect finished
     older.mkdir(parents=True)
     (older / "report.json").write_text(json.dumps({"run": "slice-older", "collected_at": "2026-01-01T00:00:00Z"}))
-    (older / "config.json").write_text(json.dumps({"run_name": "slice"}))
+    (older / "config.json").write_text(json.dumps({"run_name": "slice", "corpus": [f"file://{shakespeare_slice}"]}))
     settings = [f"lake={tmp_path / 'lake'}", "keep_runs=1", *SMALL_RUN]
     assert airflow_local.main(["run", "--corpus", str(shakespeare_slice), *(f"--set={item}" for item in settings)]) == 0
     out = capfd.readouterr().out

@@ -138,7 +138,7 @@ def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airfl
     older = tmp_path / "lake" / "runs" / "e2e-older"
     (older / "model").mkdir(parents=True)
     (older / "report.json").write_text(json.dumps({"run": "e2e-older"}))
-    (older / "config.json").write_text(json.dumps({"run_name": "e2e"}))
+    (older / "config.json").write_text(json.dumps({"run_name": "e2e", "corpus": [f"file://{shakespeare_slice}"]}))
     overrides = [f"lake={tmp_path / 'lake'}", "keep_runs=1", *SMALL_RUN]
     conf = {"corpus": str(shakespeare_slice), "run_name": "e2e", "overrides": overrides}
     code, output = dags_test(env, conf)
