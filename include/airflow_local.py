@@ -30,6 +30,7 @@ from pathlib import Path
 from include.collect import REPORT_JSON, REPORT_TEXT, latest_key
 from include import locks, process_tree
 from include.local_s3 import LocalS3
+from include.spark_submit import STAGES
 from include.schedule import cron_timetable
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib.config import (
@@ -186,6 +187,18 @@ def run_folders(config: PipelineConfig) -> set[str]:
     return {path.name for path in runs.iterdir()} if runs.is_dir() else set()
 
 
+def stage_error(config: PipelineConfig, new_folders: set[str]) -> str:
+    """Where a failed run stopped, from the error a stage left in its run folder (the line to act
+    on, far up in the task logs), else where to look."""
+    for name in new_folders:
+        folder = lake.join(config.lake, "runs", name)
+        for stage in STAGES:
+            uri = lake.join(folder, lake.error_path(stage))
+            if lake.exists(uri):
+                return f" in stage {stage}: {lake.read_json(uri)['error']}"
+    return "; see the task logs above"
+
+
 def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterable[str] = ()) -> None:
     print(f"\nrun folder:       {report['run_folder']}")
     print(f"report:           {report['run_folder']}/{REPORT_TEXT}")
@@ -200,7 +213,8 @@ def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterabl
               f"earlier make runs ended with them): {name_some(sorted(removed))}")
     print(f"generated sample:\n{report['sample']}")
     model = shlex.quote(lake.local_path(report["run_folder"]) + "/model")
-    print(f"\nmore samples:     .venv/bin/python -m spark_jobs.generate --model-dir {model} --prompt 'ROMEO:'")
+    prompt = shlex.quote(lake.read_json(lake.join(report["run_folder"], lake.CONFIG_FILE))["generate"]["prompt"])
+    print(f"\nmore samples:     .venv/bin/python -m spark_jobs.generate --model-dir {model} --prompt {prompt}")
 
 
 def exclusive_home(home: Path, command: str):
@@ -223,7 +237,7 @@ def run(config: PipelineConfig, conf: dict) -> int:
             fail_unfinished_runs(AIRFLOW_HOME, env)
             return 130
         if not succeeded:
-            print(f"ERROR the {DAG_ID} run failed; see the task logs above", file=sys.stderr)
+            print(f"ERROR the {DAG_ID} run failed{stage_error(config, run_folders(config) - before)}", file=sys.stderr)
             return 1
         print_report(read_report(s3, config), *latest_pointer(s3, config), before - run_folders(config))
     return 0

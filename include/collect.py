@@ -134,6 +134,7 @@ def build_report(run: RunFolder, s3_uri: str, stages: tuple[str, ...]) -> dict:
         "val_nats_per_char": train.get("final_val_nats_per_char"),
         "corpus": config["corpus"],
         "files": stats["tokenize"].get("files"),
+        "skipped_files": len(stats["tokenize"].get("skipped", [])),
         "vocab_size": stats["tokenize"].get("tokenizer", {}).get("vocab_size"),
         "splits": stats["export"].get("splits", {}),
         "model": config["model"] | {"dim": config["embedding"]["dim"], "block_size": config["data"]["block_size"]},
@@ -178,7 +179,7 @@ def report_text(report: dict) -> str:
         f"**{figure(report['val_nats_per_char'], '.4f')} nats/char**.\n\n"
         f"- record: {report['s3_uri']}\n"
         f"- run folder: {report['run_folder']}\n"
-        f"- corpus: {', '.join(report['corpus'])} ({figure(report['files'])} file{'' if report['files'] == 1 else 's'}): "
+        f"- corpus: {', '.join(report['corpus'])} ({files_text(report)}): "
         f"{data}\n"
         f"- model: {model['n_layer']} layers, {model['n_head']} heads, width {model['dim']}, "
         f"{model['block_size']} tokens of context, vocabulary {figure(report['vocab_size'])}: "
@@ -192,6 +193,15 @@ def report_text(report: dict) -> str:
         + (f"## Warnings\n\n{warnings}\n\n" if warnings else "")
         + f"## Sample\n\n```\n{report['sample']}\n```\n"
     )
+
+
+def files_text(report: dict) -> str:
+    """'36 files' or, with files data.bad_files=skip left out, '36 files read, 1 skipped'."""
+    files, skipped = report["files"], report.get("skipped_files", 0)
+    if files is None:
+        return "? files"
+    read = f"{files - skipped:,} file{'' if files - skipped == 1 else 's'}"
+    return f"{read} read, {skipped:,} skipped" if skipped else read
 
 
 def resumed_text(train: dict) -> str:

@@ -313,17 +313,21 @@ def test_make_airflow_stops_with_a_task_running_and_leaves_no_process(tmp_path, 
             os.killpg(process.pid, signal.SIGKILL)
 
 
-def test_the_run_summary_rounds_the_losses(capsys):
-    report = {"run_folder": "file:///lake/runs/r", "s3_uri": "s3://b/runs/r/", "final_val_loss": 4.378682374954224,
+def test_the_run_summary_rounds_the_losses_and_offers_more_samples_of_the_runs_prompt(capsys, tmp_path):
+    folder = tmp_path / "lake" / "runs" / "r"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"generate": {"prompt": "Ἀχιλῆος, he said"}}))
+    report = {"run_folder": folder.as_uri(), "s3_uri": "s3://b/runs/r/", "final_val_loss": 4.378682374954224,
               "val_nats_per_char": 1.7099787123061774, "warnings": ["a file is short"], "sample": "ROMEO: hark"}  # fmt: skip
     airflow_local.print_report(report, "s3://b/runs/latest/r.json", {"model": "s3://b/runs/r/model/"}, ["r-1", "r-0"])
     out = capsys.readouterr().out
     assert "keep_runs:        removed 2 older run folder(s), their only copy (the S3 records of earlier make runs " \
            "ended with them): r-0, r-1\n" in out  # fmt: skip
-    assert "run folder:       file:///lake/runs/r\nreport:           file:///lake/runs/r/report.md\n" in out
+    assert f"run folder:       {folder.as_uri()}\nreport:           {folder.as_uri()}/report.md\n" in out
     assert "final val loss:   4.3787 nats/token\nval nats/char:    1.7100\nwarning:          a file is short\n" in out
     assert "generated sample:\nROMEO: hark\n" in out
-    assert out.endswith("more samples:     .venv/bin/python -m spark_jobs.generate --model-dir /lake/runs/r/model --prompt 'ROMEO:'\n")
+    assert out.endswith(f"more samples:     .venv/bin/python -m spark_jobs.generate --model-dir {folder}/model "
+                        "--prompt 'Ἀχιλῆος, he said'\n")
 
 
 def test_airflow_reaches_the_local_s3_whatever_aws_profile_or_proxy_this_machine_has(tmp_path, monkeypatch):
@@ -370,3 +374,17 @@ def test_make_run_runs_the_dag_and_prints_where_the_outputs_are(tmp_path, shakes
     assert "keep_runs:        removed 1 older run folder(s)" in out and "slice-older" in out
     assert f"generated sample:\n{report['sample']}" in out
     assert list((tmp_path / "home" / "tmp").iterdir()) == [], "the command's temporary files went with it"
+
+
+@pytest.mark.slow
+def test_a_failed_make_run_ends_with_the_stage_error_to_act_on(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"To be, or not to be\n" * 500 + b"\x00")
+    assert airflow_local.main(["run", "--corpus", str(corpus), f"--set=lake={tmp_path / 'lake'}"]) == 1
+    last = capfd.readouterr().err.rstrip("\n").rsplit("\n", 1)[-1]
+    assert last == (
+        f"ERROR the gpt_pipeline run failed in stage tokenize: corpus file {corpus.as_uri()} looks binary (NUL byte at "
+        "offset 10000); set data.bad_files=skip to leave such files out"
+    )
+

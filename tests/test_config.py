@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, ConfigError, load_config, parse_override, read_yaml, validate
@@ -86,8 +88,19 @@ def test_a_seed_is_refused_where_numpy_would_refuse_it(field):
 def test_unknown_keys_are_rejected():
     with pytest.raises(ConfigError, match="data.window_size: unknown key"):
         load_config(overrides=["data.window_size=64"])
-    with pytest.raises(ConfigError, match="optimizer: unknown key"):
+    with pytest.raises(ConfigError, match="optimizer: unknown key$"):
         load_config(overrides=[{"optimizer": {"name": "sgd"}}])
+
+
+@pytest.mark.parametrize(
+    "override, meant",
+    [("train.stride=0", "data.stride"), ("train.max_step=3", "train.max_steps"), ("trian.max_steps=3", "train"),
+     ("embedding.word2vec.mincount=2", "embedding.word2vec.min_count")],
+)  # fmt: skip
+def test_an_unknown_key_names_the_setting_it_may_have_meant(override, meant):
+    unknown = override.split("=")[0] if meant != "train" else "trian"
+    with pytest.raises(ConfigError, match=rf"^invalid configuration: {re.escape(unknown)}: unknown key \(did you mean {re.escape(meant)}\?\)$"):
+        load_config(overrides=[override])
 
 
 def test_missing_key_is_named():
@@ -178,11 +191,25 @@ def test_a_prompt_that_yaml_reads_as_a_boolean_or_mapping_is_still_a_prompt():
         ("/data/books/*/*.txt", "books"),
         ("s3://bucket/books/**/*.txt", "books"),
         ("/data/books/", "books"),
+        ("/data/Илиада.txt", "Илиада"),  # other scripts keep their letters: no two corpora named "corpus"
+        ("/data/論語/*.txt", "論語"),
+        ("/data/Les Misérables #1.txt", "Les-Miserables-1"),
+        ("*.txt", "corpus"),
     ],
 )
 def test_run_name_defaults_to_the_corpus_name(corpus, name):
     assert load_config(overrides=[{"corpus": corpus}]).run_name == name
     assert load_config(overrides=[{"corpus": corpus, "run_name": "mine"}]).run_name == "mine"
+
+
+@pytest.mark.parametrize("name", ["my books", "_hidden", "-x", "a/b", "x" * 65])
+def test_a_run_name_of_other_characters_is_refused_saying_which_it_takes(name):
+    with pytest.raises(ConfigError, match=r"^invalid configuration: run_name: "):
+        load_config(overrides=[{"run_name": name}])
+    message = "must be letters, digits, '-', '_' and '.', starting with a letter or digit"
+    if len(name) <= 64:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config(overrides=[{"run_name": name}])
 
 
 def test_a_corpus_file_named_with_glob_characters_names_the_run(tmp_path):

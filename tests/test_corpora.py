@@ -102,8 +102,9 @@ def test_corpus_shorter_than_one_window(spark, tmp_path, capsys):
 @pytest.mark.parametrize(
     "content, problem",
     [
-        (b"plain text\n" * 20 + b"\xff\xfe broken\n", "is not UTF-8 text (byte 0xff at offset 220)"),
-        (b"\x89PNG\r\n\x1a\n" + bytes(range(256)), "is not UTF-8 text (byte 0x89 at offset 0)"),
+        (b"plain text\n" * 20 + b"\xff\xfe broken\n", "is not UTF-8 text (byte 0xff at offset 220); convert it first, from its encoding (iconv -f WINDOWS-1252 -t UTF-8 for most Western European text)"),
+        (b"\x89PNG\r\n\x1a\n" + bytes(range(256)), "is not UTF-8 text (byte 0x89 at offset 0); convert it first, from its encoding (iconv -f WINDOWS-1252 -t UTF-8 for most Western European text)"),
+        ("To be, or not to be\n".encode("utf-16"), "is UTF-16 text, not UTF-8 (convert it first: iconv -f UTF-16 -t UTF-8)"),
         (b"almost text\x00with a NUL\n", "looks binary (NUL byte at offset 11)"),
     ],
 )

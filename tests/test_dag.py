@@ -141,7 +141,7 @@ def test_form_values_become_config_fields():
     [
         ({"stride": 0}, r"data\.stride: Input should be greater than or equal to 1 \(got 0\)"),
         ({"num_workers": 3}, r"data\.shards \(4\) must be a multiple of train\.num_workers \(3\)"),
-        ({"run_name": "my run"}, r"run_name: String should match pattern"),
+        ({"run_name": "my run"}, r"run_name: must be letters, digits, '-', '_' and '\.', starting with a letter or digit"),
         ({"overrides": ["data.window_size=64"]}, r"data\.window_size: unknown key"),
         ({"max_step": 10}, r"unknown trigger parameter\(s\) max_step"),
     ],

@@ -127,6 +127,16 @@ def test_the_report_of_a_resumed_training_says_its_speed_and_time_are_the_last_a
            "of the last 20 steps)\n" in report_text(report)  # fmt: skip
 
 
+
+def test_the_report_counts_the_files_read_apart_from_those_skipped():
+    report = {"run": "r", "final_val_loss": 2.5, "val_nats_per_char": 0.9, "s3_uri": "s3://b/runs/r/", "run_folder": "f",
+              "corpus": ["file:///books/**/*.txt"], "files": 37, "skipped_files": 1, "vocab_size": 300, "splits": {},
+              "stage_seconds": {}, "warnings": [], "evaluations": [], "sample": "",
+              "model": {"n_layer": 4, "n_head": 4, "dim": 128, "block_size": 128}, "train": {}}  # fmt: skip
+    assert "- corpus: file:///books/**/*.txt (36 files read, 1 skipped): " in report_text(report)
+    assert "- corpus: file:///books/**/*.txt (37 files): " in report_text(report | {"skipped_files": 0})
+
+
 def test_a_run_folder_that_cannot_take_the_report_still_gets_a_whole_record(s3, hook, tmp_path, monkeypatch, caplog):
     from include import collect
 

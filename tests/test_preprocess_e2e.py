@@ -204,7 +204,7 @@ def test_a_bad_file_fails_the_application_with_exit_code_2(tmp_path, code_dir, c
     errors = [line for line in (captured.out + captured.err).splitlines() if line.startswith("ERROR [tokenize]")]
     assert errors == [
         f"ERROR [tokenize] corpus file {(folder / 'latin1.txt').as_uri()} is not UTF-8 text "
-        "(byte 0xfc at offset 2); set data.bad_files=skip to leave such files out"
+        "(byte 0xfc at offset 2); convert it first, from its encoding (iconv -f WINDOWS-1252 -t UTF-8 for most Western European text); set data.bad_files=skip to leave such files out"
     ]
     assert not lake.exists(lake.stats_uri(run, "tokenize"))
     assert lake.read_json(lake.join(run, lake.error_path("tokenize")))["bad_input"] is True

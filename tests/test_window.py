@@ -377,7 +377,8 @@ def test_text_is_read_without_a_byte_order_mark_and_with_newline_line_ends():
 
 def test_check_text_finds_bad_bytes_with_their_offset():
     assert corpus.check_text("héllo\n".encode()) == (6, None)
-    assert corpus.check_text(b"abc\xff def", offset=100) == (0, "is not UTF-8 text (byte 0xff at offset 103)")
+    assert corpus.check_text(b"abc\xff def", offset=100)[1].startswith("is not UTF-8 text (byte 0xff at offset 103); convert it")
+    assert corpus.check_text("To be".encode("utf-16-be").join([b"\xfe\xff", b""]))[1].startswith("is UTF-16 text, not UTF-8")
     assert corpus.check_text(b"almost text\x00with a NUL\n")[1] == "looks binary (NUL byte at offset 11)"
     assert corpus.check_text(b"PK\x03\x04\x00\x00")[1] == "is a zip archive, not text (decompress it first)"
     assert corpus.check_text(gzip.compress("To be, or not to be\n".encode()))[1] == "is a gzip archive, not text (decompress it first)"

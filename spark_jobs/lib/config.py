@@ -8,6 +8,7 @@ raises ConfigError naming the field.
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import json
 import math
@@ -97,9 +98,14 @@ def corpus_name(corpus: str) -> str:
     components = path.split("/")
     globbed = [] if is_local_file_or_folder(corpus) else [i for i, part in enumerate(components) if is_glob(part)]
     name = components[globbed[0] - 1] if globbed else components[-1]
-    name = unicodedata.normalize("NFKD", posixpath.splitext(name)[0]).encode("ascii", "ignore").decode()
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).lstrip("_.-").rstrip("-")
+    # Latin letters lose their accents (Misérables -> Miserables); other scripts' letters stay (Илиада, 論語).
+    stem = unicodedata.normalize("NFC", posixpath.splitext(name)[0])
+    name = "".join(unicodedata.normalize("NFKD", char).encode("ascii", "ignore").decode() or char for char in stem)
+    name = re.sub(r"[^\w.-]+", "-", name).lstrip("_.-").rstrip("-")
     return name[:40] or "corpus"
+
+
+RUN_NAME = re.compile(r"[^\W_][\w.-]*")  # letters of any script, digits, '_', '.', '-'
 
 
 class ConfigError(PipelineError, ValueError):
@@ -246,7 +252,7 @@ class EmrConfig(_Section):
 
 
 class PipelineConfig(_Section):
-    run_name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    run_name: str = Field(max_length=64)
     target: Literal["local", "emr"]
     corpus: list[str] = Field(min_length=1)
     lake: str
@@ -270,6 +276,13 @@ class PipelineConfig(_Section):
             # A corpus that is not text fails its own field's check; no second complaint here.
             data = {**data, "run_name": corpus_name(first) if isinstance(first, str) else "corpus"}
         return data
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name_characters(cls, value: str) -> str:
+        if not RUN_NAME.fullmatch(value):
+            raise ValueError("must be letters, digits, '-', '_' and '.', starting with a letter or digit")
+        return value
 
     @field_validator("corpus", mode="before")
     @classmethod
@@ -339,7 +352,7 @@ def _describe(error: ValidationError) -> str:
         field = ".".join(str(part) for part in item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            message = "unknown key"
+            message = "unknown key" + "".join(f" (did you mean {known}?)" for known in closest_settings(field)[:1])
         elif "input" in item and not isinstance(item["input"], dict):
             message += f" (got {item['input']!r})"
         # A check across fields (loc empty) names its fields itself.
@@ -368,7 +381,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     path, raw = key.strip().split("."), raw.strip()
     if not sep or not key.strip():
-        raise ConfigError(f"override {text!r} is not of the form section.key=value")
+        raise ConfigError(f"override {text!r} is not of the form section.key=value (quote a value that holds spaces)")
     if "#" in raw and raw[:1] not in ("'", '"'):
         return path, raw
     try:
@@ -399,6 +412,24 @@ def field_annotation(path: list[str]) -> Any:
         section = field.annotation
     field = section.model_fields.get(path[-1])
     return None if field is None else field.annotation
+
+
+def config_names(section: type[BaseModel] = PipelineConfig, prefix: str = "") -> list[str]:
+    """The dotted name of every section and setting: ["run_name", ..., "train", "train.learning_rate", ...]."""
+    names = []
+    for name, field in section.model_fields.items():
+        names.append(f"{prefix}{name}")
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            names += config_names(field.annotation, f"{prefix}{name}.")
+    return names
+
+
+def closest_settings(unknown: str) -> list[str]:
+    """Settings an unknown name may have meant: the same key in another section (train.stride ->
+    data.stride), else a name spelled alike (train.max_step -> train.max_steps)."""
+    names = config_names()
+    key = unknown.rsplit(".", 1)[-1]
+    return [name for name in names if name.rsplit(".", 1)[-1] == key] or difflib.get_close_matches(unknown, names, n=1)
 
 
 def add_set_argument(parser: argparse.ArgumentParser) -> None:

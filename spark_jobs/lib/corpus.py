@@ -159,6 +159,7 @@ def piece_size(piece: Piece) -> int:
     return piece.end - piece.start
 
 
+UTF16_MARKS = (b"\xff\xfe", b"\xfe\xff")
 COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
 
 
@@ -183,10 +184,13 @@ def check_text(data: bytes, offset: int = 0) -> tuple[int, str | None]:
         for magic, kind in COMPRESSED.items():
             if data.startswith(magic) and (kind != "bzip2" or data[3:4].isdigit()):
                 return 0, f"is a {kind} archive, not text (decompress it first)"
+        if data.startswith(UTF16_MARKS):  # what Windows calls Unicode
+            return 0, "is UTF-16 text, not UTF-8 (convert it first: iconv -f UTF-16 -t UTF-8)"
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
-        return 0, f"is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {offset + error.start})"
+        return 0, (f"is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {offset + error.start}); convert it "
+                   "first, from its encoding (iconv -f WINDOWS-1252 -t UTF-8 for most Western European text)")
     nul = data.find(b"\x00")
     if nul >= 0:
         return len(text), f"looks binary (NUL byte at offset {offset + nul})"
