@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import math
 import os
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from spark_jobs.lib import lake, memory, train_data, train_state
+from spark_jobs.lib import embeddings, lake, memory, train_data, train_state
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import load_run_config
@@ -303,7 +302,7 @@ def embedding_tables(config: PipelineConfig, run: str) -> tuple[np.ndarray | Non
     folder = lake.join(run, "embeddings")
 
     def load(name: str) -> np.ndarray:
-        return np.load(io.BytesIO(lake.read_bytes(lake.join(folder, name))))
+        return embeddings.read_npy(lake.join(folder, name))
 
     token_vectors = load("token_vectors.npy") if config.embedding.word2vec.enabled else None
     return token_vectors, load("positions.npy")
