@@ -184,16 +184,6 @@ def upload_dir(local_dir: str | Path, uri: str) -> None:
             write_bytes(join(uri, file.relative_to(local_dir).as_posix()), file.read_bytes())
 
 
-def download_dir(uri: str, local_dir: str | Path) -> list[Path]:
-    local_dir = Path(local_dir)
-    copied = []
-    for file_uri in list_files(uri):
-        target = local_dir / posixpath.relpath(file_uri, uri.rstrip("/"))
-        download_file(file_uri, target)
-        copied.append(target)
-    return copied
-
-
 def download_file(uri: str, target: str | Path) -> Path:
     """Copy a file to local disk a chunk at a time: a TFRecord shard of gigabytes never sits whole in memory."""
     target = Path(target)
