@@ -166,13 +166,11 @@ def train_budget_steps(config: PipelineConfig) -> int:
 
 
 def sensor_limits(stage: str, config: PipelineConfig) -> dict[str, int]:
-    """EmrStepSensor arguments: `timeout` for poke/reschedule mode, `max_attempts` for deferrable
-    mode (its limit is max_attempts x poke_interval, 60 minutes by default)."""
+    """EmrStepSensor's `timeout` and `poke_interval` for a stage's step."""
     timeout = config.emr.step_timeout_minutes * 60
     if stage == "train":
         timeout += math.ceil(train_budget_steps(config) * config.emr.train_seconds_per_step)
-    poke = config.emr.poke_interval_seconds
-    return {"timeout": timeout, "poke_interval": poke, "max_attempts": math.ceil(timeout / poke)}
+    return {"timeout": timeout, "poke_interval": config.emr.poke_interval_seconds}
 
 
 def check_sensor_limits(run_config: PipelineConfig, dag_config: PipelineConfig) -> None:
