@@ -38,8 +38,8 @@ DEPLOY_MODE = "client"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")
 
 
-def read_template(path: Path = TEMPLATE_PATH) -> dict:
-    return yaml.safe_load(path.read_text())
+def read_template() -> dict:
+    return yaml.safe_load(TEMPLATE_PATH.read_text())
 
 
 def code_uri(config: PipelineConfig, run_id: str) -> str:

@@ -38,7 +38,7 @@ def package_code(dest: Path) -> Path:
     return archive
 
 
-def stage_conf(stage: str, config: PipelineConfig) -> dict[str, str]:
+def stage_conf(stage: str) -> dict[str, str]:
     # WARN: Spark's INFO lines would bury the stages' own output (and their one-line errors).
     conf = {"spark.sql.execution.arrow.pyspark.enabled": "true", "spark.log.level": "WARN"}
     if stage == "train":
@@ -69,7 +69,7 @@ def spark_submit_argv(
     if stage not in STAGE_FILES:
         raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
     argv = ["spark-submit", "--master", master, "--deploy-mode", deploy_mode, "--name", f"gpt-pipeline-{stage}"]
-    for key, value in {**stage_conf(stage, config), **(resources or {})}.items():
+    for key, value in {**stage_conf(stage), **(resources or {})}.items():
         argv += ["--conf", f"{key}={value}"]
     code = code_uri.rstrip("/")
     argv += ["--py-files", f"{code}/{LIBRARY_ZIP}", f"{code}/spark_jobs/{STAGE_FILES[stage]}"]
