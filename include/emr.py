@@ -295,11 +295,9 @@ def matching_objects(s3_hook, folder: str, globs: list[str]) -> dict[str, int]:
     return matched
 
 
-def upload_run(config: PipelineConfig, run_id: str, s3_client) -> dict[str, str]:
+def upload_run(config: PipelineConfig, run_id: str, s3_client) -> None:
     """Upload the code, the bootstrap script and its requirements, then the resolved config
     (config.json in the run folder, written last: it marks the run as created)."""
-    if not config.lake.startswith("s3://"):
-        raise ConfigError(f"lake must be an s3:// URI for target emr, got {config.lake!r}")
     code = code_uri(config, run_id)
     with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as folder:
         package_code(Path(folder))
@@ -308,7 +306,5 @@ def upload_run(config: PipelineConfig, run_id: str, s3_client) -> dict[str, str]
         for name, path in sorted(files.items()):
             bucket, key = split_s3_uri(lake.join(code, name))
             s3_client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
-    run = lake.run_dir(config, run_id)
-    bucket, key = split_s3_uri(lake.join(run, lake.CONFIG_FILE))
+    bucket, key = split_s3_uri(lake.join(lake.run_dir(config, run_id), lake.CONFIG_FILE))
     s3_client.put_object(Bucket=bucket, Key=key, Body=config.to_json().encode("utf-8"))
-    return {"code_uri": code, "run_dir": run}

@@ -46,8 +46,8 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> 
     s3 = S3Hook(aws_conn_id=config.emr.aws_conn_id)
     # Without it EMR would start the cluster and lose its logs.
     check_bucket(s3, emr.split_s3_uri(config.emr.log_uri)[0], "emr.log_uri")
-    uploaded = emr.upload_run(config, run_id, s3.get_conn())
-    return {"run_dir": uploaded["run_dir"], "job_flow_overrides": request, **steps}
+    emr.upload_run(config, run_id, s3.get_conn())
+    return {"run_dir": lake.run_dir(config, run_id), "job_flow_overrides": request, **steps}
 
 
 def step_name(stage: str, try_number: int) -> str:
