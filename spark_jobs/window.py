@@ -68,7 +68,6 @@ def cut_file(plans, block_size: int, stride: int, windows_uri: str):
     """Executor function: (task, tokens/ part file) -> windows/part-task.parquet; returns its window count."""
 
     def cut(item: tuple[int, str]) -> int:
-        import numpy as np
         import pyarrow as pa
 
         task, uri = item

@@ -13,7 +13,6 @@ import threading
 import time
 import zipfile
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import boto3
 import pytest
