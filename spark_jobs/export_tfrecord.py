@@ -145,7 +145,7 @@ def body(spark, config, run: str) -> dict:
         "num_shards": shards,
         "splits": {split: {key: splits[split][key] for key in ("windows", "tokens", "chars")} for split in SPLITS},
         "bytes": sum(size for _, size in written.values()),
-        "timings": {key: round(value, 3) for key, value in timings.items()},
+        "timings": timings,
         "outputs": {"tfrecords": final, "manifest": manifest_uri},
     }
 

@@ -124,7 +124,7 @@ def body(spark, config, run: str) -> dict:
         "vocab_size": vocab_size,
         "dim": dim,
         "block_size": block_size,
-        "timings": {key: round(value, 3) for key, value in timings.items()},
+        "timings": timings,
         "outputs": outputs,
     }
 

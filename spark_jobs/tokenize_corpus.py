@@ -153,7 +153,7 @@ def body(spark, config, run: str) -> dict:
             "sample_chars": sum(len(text) for text in sample),
             "sample_cap_bytes": config.tokenizer.sample_cap_bytes,
         },
-        "timings": {key: round(value, 3) for key, value in timings.items()},
+        "timings": timings,
         "outputs": {"tokenizer": lake.join(run, lake.TOKENIZER_PATH), "tokens": lake.join(run, "tokens")},
     }
 

@@ -141,7 +141,7 @@ def body(spark, config, run: str) -> dict:
         "splits": {split: counts["splits"][split] for split in SPLITS},
         "sequences": counts["sequences"],
         "warnings": warnings,
-        "timings": {key: round(value, 3) for key, value in timings.items()},
+        "timings": timings,
         "outputs": {"windows": windows_uri},
     }
 

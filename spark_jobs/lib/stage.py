@@ -89,6 +89,8 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
         stats = body(spark, config, run)
         # The stage's own work; stopping Spark is teardown, like start-up.
         stats["duration_s"] = round(time.perf_counter() - started, 3)
+        if "timings" in stats:  # seconds of each part of the body, to the millisecond as duration_s
+            stats["timings"] = {part: round(seconds, 3) for part, seconds in stats["timings"].items()}
         stats["stage"] = stage
         stop_spark(spark)
         lake.complete_stage(run, stage, stats)
