@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import math
 import re
-import tempfile
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from include.spark_submit import STAGES, package_code, spark_submit_argv
+from include.spark_submit import STAGES, packaged_code, spark_submit_argv
 from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig, defaults_path
 from spark_jobs.lib.errors import PipelineError
@@ -299,9 +297,8 @@ def upload_run(config: PipelineConfig, run_id: str, s3_client) -> None:
     """Upload the code, the bootstrap script and its requirements, then the resolved config
     (config.json in the run folder, written last: it marks the run as created)."""
     code = code_uri(config, run_id)
-    with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as folder:
-        package_code(Path(folder))
-        files = {file.relative_to(folder).as_posix(): file for file in Path(folder).rglob("*") if file.is_file()}
+    with packaged_code() as folder:
+        files = {file.relative_to(folder).as_posix(): file for file in folder.rglob("*") if file.is_file()}
         files |= RUN_FILES
         for name, path in sorted(files.items()):
             bucket, key = split_s3_uri(lake.join(code, name))

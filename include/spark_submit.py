@@ -7,7 +7,10 @@ needs (EMR's train step: one whole core node per executor).
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from spark_jobs.lib.config import REPO_ROOT, PipelineConfig
@@ -36,6 +39,14 @@ def package_code(dest: Path) -> Path:
         for file in sorted(source.rglob("*.py")):
             zipped.write(file, file.relative_to(REPO_ROOT).as_posix())
     return archive
+
+
+@contextlib.contextmanager
+def packaged_code() -> Iterator[Path]:
+    """A temporary folder holding package_code's files, removed on leaving."""
+    with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as folder:
+        package_code(Path(folder))
+        yield Path(folder)
 
 
 def stage_conf(stage: str) -> dict[str, str]:
