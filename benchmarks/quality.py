@@ -45,7 +45,7 @@ def main() -> None:
             run = clone_run(base, f"{workers}w", worker_config)
             run_stage("train", worker_config, run, code_dir)
             rows.append((workers, lake.read_json(lake.stats_uri(run, "train"))))
-    export = lake.read_json(lake.join(base, "tfrecords", "manifest.json"))
+    export = lake.read_json(lake.join(base, lake.MANIFEST_PATH))
     train = config.train
     print(
         f"\nconfig: vocab {export['vocab_size']}, block {config.data.block_size}, stride {config.data.stride}, "

@@ -51,7 +51,7 @@ def measure(corpus: Path, overrides: list[str], scratch: Path) -> tuple[dict, fl
     run = run_pipeline(config, "memory", STAGES)
     rows = list(csv.DictReader(io.StringIO(lake.read_text(lake.join(run, "stats", "epochs.csv")))))
     peak = max(float(row["process_memory_max_mb"]) for row in rows)
-    vocab = lake.read_json(lake.join(run, "tfrecords", "manifest.json"))["vocab_size"]
+    vocab = lake.read_json(lake.join(run, lake.MANIFEST_PATH))["vocab_size"]
     return memory.worker_peak_mb(config, vocab), peak, vocab
 
 

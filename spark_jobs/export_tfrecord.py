@@ -138,7 +138,7 @@ def body(spark, config, run: str) -> dict:
             lake.move_file(fs, posixpath.join(staging_path, name), posixpath.join(final_path, name))
     lake.delete(lake.join(run, "_staging"))
     manifest = {"block_size": block_size, "vocab_size": config.tokenizer.vocab_size, "num_shards": shards, "splits": splits}
-    manifest_uri = lake.join(final, "manifest.json")
+    manifest_uri = lake.join(run, lake.MANIFEST_PATH)
     lake.write_json(manifest_uri, manifest)
     timings["publish_s"] = time.perf_counter() - started
     return {

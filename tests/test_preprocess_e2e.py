@@ -132,7 +132,7 @@ def test_tfrecords_hold_the_windows_and_match_the_manifest(preprocessed):
 
     config, run, _ = preprocessed
     block_size, shards = config.data.block_size, config.data.shards
-    manifest = lake.read_json(lake.join(run, "tfrecords", "manifest.json"))
+    manifest = lake.read_json(lake.join(run, lake.MANIFEST_PATH))
     tokenize = lake.read_json(lake.stats_uri(run, "tokenize"))
     assert manifest["block_size"] == block_size and manifest["vocab_size"] == config.tokenizer.vocab_size
     assert manifest["num_shards"] == shards

@@ -109,7 +109,7 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     # The windows were small enough to stay in memory, and the memory estimate runs were checked
     # against came close to what the workers reached.
     assert all(worker["windows_in_memory"] for worker in workers)
-    vocab = lake.read_json(lake.join(run, "tfrecords", "manifest.json"))["vocab_size"]
+    vocab = lake.read_json(lake.join(run, lake.MANIFEST_PATH))["vocab_size"]
     peak = max(float(row["process_memory_max_mb"]) for row in rows)
     assert 0.8 <= memory.worker_peak_mb(config, vocab)["total"] / peak <= 1.3, peak
 

@@ -30,7 +30,7 @@ def run_with(tmp_path, shakespeare_slice):
     run = new_run(config)
 
     def write(content: dict):
-        lake.write_json(lake.join(run, train_data.MANIFEST), content)
+        lake.write_json(lake.join(run, lake.MANIFEST_PATH), content)
         return config, run
 
     return write

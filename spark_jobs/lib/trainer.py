@@ -29,6 +29,7 @@ from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import load_run_config
 from spark_jobs.lib.train_stats import IntervalStats, StepTimes, epochs_csv
+from spark_jobs.lib.windows import SPLITS
 
 EPOCHS_CSV = "stats/epochs.csv"
 # Exit code of a worker stopped by its settings (e.g. a diverging loss): a retry would fail the
@@ -105,7 +106,7 @@ class Worker:
             split: train_data.local_shards(
                 run, train_data.worker_shards(self.manifest, split, self.index, self.workers), local_dir
             )
-            for split in train_data.SPLITS
+            for split in SPLITS
         }
         with strategy.scope():
             self.model = build_decoder(
@@ -126,7 +127,7 @@ class Worker:
             self.warn(str(ignored))
         self.start_step = backup["step"] if backup else 0
         self.rows = backup["rows"] if backup else []
-        windows = sum(self.manifest["splits"][split]["windows"] for split in train_data.SPLITS) // self.workers
+        windows = sum(self.manifest["splits"][split]["windows"] for split in SPLITS) // self.workers
         self.in_memory = train_data.keep_in_memory(windows, self.block_size, self.memory_room_bytes())
         if not self.in_memory and self.is_chief:
             print(f"[train] {windows:,} windows per worker do not fit in memory: every pass reads them from local disk",
