@@ -300,13 +300,13 @@ class Worker:
 
 def embedding_tables(config: PipelineConfig, run: str) -> tuple[np.ndarray | None, np.ndarray]:
     """The Word2Vec token vectors (None when disabled) and the position table."""
-    folder = lake.join(run, "embeddings")
+    folder = lake.join(run, embeddings.FOLDER)
 
     def load(name: str) -> np.ndarray:
         return embeddings.read_npy(lake.join(folder, name))
 
-    token_vectors = load("token_vectors.npy") if config.embedding.word2vec.enabled else None
-    return token_vectors, load("positions.npy")
+    token_vectors = load(embeddings.TOKEN_VECTORS_FILE) if config.embedding.word2vec.enabled else None
+    return token_vectors, load(embeddings.POSITIONS_FILE)
 
 
 def configure_tensorflow(threads: int):
