@@ -25,7 +25,6 @@ from spark_jobs.lib.stage import run_stage
 from spark_jobs.lib.windows import SPLITS
 
 STAGE = "export"
-BATCH_ROWS = 8192
 
 
 def shard_name(split: str, shard: int) -> str:
@@ -46,7 +45,7 @@ def encode_file(shards: int, block_size: int):
 
         fs, path = lake.filesystem(uri)
         with fs.open_input_file(path) as handle:
-            for batch in pq.ParquetFile(handle).iter_batches(BATCH_ROWS, columns=["split", "idx", "ids"]):
+            for batch in pq.ParquetFile(handle).iter_batches(tfrecord.BATCH_ROWS, columns=["split", "idx", "ids"]):
                 ids = batch.column("ids")
                 offsets = ids.offsets.to_numpy()
                 if np.any(np.diff(offsets) != block_size + 1):
