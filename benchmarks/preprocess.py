@@ -32,16 +32,15 @@ from include import class_archive  # noqa: E402
 from include.local_runner import run_stage  # noqa: E402
 from include.spark_submit import package_code  # noqa: E402
 from spark_jobs.lib import bpe, lake  # noqa: E402
-from spark_jobs.lib.config import REPO_ROOT, add_set_argument, load_config  # noqa: E402
+from spark_jobs.lib.config import SHARED_CORPUS, add_set_argument, load_config  # noqa: E402
 
 STAGES = ("tokenize", "window", "positional_embed", "export")
-SHAKESPEARE = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
 def build_corpus(folder: Path, megabytes: float, files: int) -> tuple[str, str, str]:
     """tinyshakespeare repeated to about `megabytes`, as one file or cut at line ends into `files`
     files; returns (corpus path or glob, its name, the text)."""
-    text = SHAKESPEARE.read_text(encoding="utf-8")
+    text = SHARED_CORPUS.read_text(encoding="utf-8")
     copies = max(1, round(megabytes * 1_000_000 / len(text.encode("utf-8"))))
     text *= copies
     name = f"shakespeare-x{copies}"

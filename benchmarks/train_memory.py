@@ -23,9 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include.local_runner import run_pipeline  # noqa: E402
 from spark_jobs.lib import lake, memory  # noqa: E402
-from spark_jobs.lib.config import REPO_ROOT, load_config  # noqa: E402
+from spark_jobs.lib.config import SHARED_CORPUS, load_config  # noqa: E402
 
-SHAKESPEARE = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 SHORT_TRAINING = ["train.max_steps=3", "train.eval_interval=3", "train.eval_batches=1", "train.warmup_steps=1",
                   "train.log_interval=1", "generate.max_new_tokens=1"]  # fmt: skip
 SHAPES = {
@@ -57,7 +56,7 @@ def measure(corpus: Path, overrides: list[str], scratch: Path) -> tuple[dict, fl
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", type=Path, default=SHAKESPEARE)
+    parser.add_argument("--corpus", type=Path, default=SHARED_CORPUS)
     parser.add_argument("--only", help="comma-separated numbers of the shapes to run (1 = the first)")
     args = parser.parse_args(argv)
     chosen = list(SHAPES.items())
