@@ -30,11 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include import class_archive  # noqa: E402
 from include.local_runner import run_stage  # noqa: E402
-from include.spark_submit import package_code  # noqa: E402
+from include.spark_submit import PREPROCESSING_STAGES, package_code  # noqa: E402
 from spark_jobs.lib import bpe, lake  # noqa: E402
 from spark_jobs.lib.config import SHARED_CORPUS, add_set_argument, load_config  # noqa: E402
-
-STAGES = ("tokenize", "window", "positional_embed", "export")
 
 
 def build_corpus(folder: Path, megabytes: float, files: int) -> tuple[str, str, str]:
@@ -92,7 +90,7 @@ def measure(megabytes: float, files: int, overrides: list[str], cores: int, repe
         code = scratch / "code"
         package_code(code)
         stages = {}
-        for stage in STAGES:
+        for stage in PREPROCESSING_STAGES:
             started = time.perf_counter()
             run_stage(stage, config, run, code)
             wall = time.perf_counter() - started
@@ -144,7 +142,7 @@ def report_marginal(small: dict, large: dict) -> None:
     on large corpora, where the fixed costs (start-up of Python workers and Spark SQL, Word2Vec on
     its capped sample) no longer count."""
     extra = large["tokens"] - small["tokens"]
-    cost = {name: large["stages"][name]["body_s"] - small["stages"][name]["body_s"] for name in STAGES}
+    cost = {name: large["stages"][name]["body_s"] - small["stages"][name]["body_s"] for name in PREPROCESSING_STAGES}
     bpe = large["stages"]["tokenize"]["timings"]["train_bpe_s"] - small["stages"]["tokenize"]["timings"]["train_bpe_s"]
     _, best = baseline(large)
     print(f"\nthe extra {large['mb'] - small['mb']:.0f} MB ({extra:,} tokens) cost: "
@@ -172,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted(float(size) for size in args.mb.split(","))
     cores = os.cpu_count() or 2  # the local runner's local[N]; the tokenizer gets as many threads
     load_before = os.getloadavg()[0]  # other work on the machine skews every figure
-    unrecorded = [stage for stage in STAGES if class_archive.stage_archive(stage) is None]
+    unrecorded = [stage for stage in PREPROCESSING_STAGES if class_archive.stage_archive(stage) is None]
     if args.files < 1:
         parser.error("--files must be at least 1")
     results = [measure(size, args.files, args.overrides, cores, args.repeats, args.keep) for size in sizes]

@@ -21,11 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include.local_runner import run_pipeline, run_stage  # noqa: E402
-from include.spark_submit import packaged_code  # noqa: E402
+from include.spark_submit import PREPROCESSING_STAGES, packaged_code  # noqa: E402
 from spark_jobs.lib import lake  # noqa: E402
 from spark_jobs.lib.config import add_set_argument, load_config, to_uri  # noqa: E402
-
-PREPROCESS = ("tokenize", "window", "positional_embed", "export")
 
 
 def main() -> None:
@@ -37,7 +35,7 @@ def main() -> None:
     counts = [int(count) for count in args.workers.split(",")]
     config = load_config(overrides=[{"lake": args.lake}, *args.overrides])
     run_id = f"quality-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
-    base = run_pipeline(config, run_id, PREPROCESS)
+    base = run_pipeline(config, run_id, PREPROCESSING_STAGES)
     rows = []
     with packaged_code() as code_dir:
         for workers in counts:

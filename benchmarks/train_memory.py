@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include.local_runner import run_pipeline  # noqa: E402
+from include.spark_submit import PREPROCESSING_STAGES  # noqa: E402
 from spark_jobs.lib import lake, memory  # noqa: E402
 from spark_jobs.lib.config import SHARED_CORPUS, load_config  # noqa: E402
 
@@ -41,7 +42,7 @@ SHAPES = {
     "D=256, T=32, b=256, MLP 16": ["train.num_workers=1", "embedding.dim=256", "data.block_size=32", "data.stride=16",
                                    "train.batch_size=256", "model.mlp_ratio=16"],
 }
-STAGES = ("tokenize", "window", "positional_embed", "export", "train")
+STAGES = (*PREPROCESSING_STAGES, "train")
 
 
 def measure(corpus: Path, overrides: list[str], scratch: Path) -> tuple[dict, float, int]:

@@ -24,6 +24,7 @@ STAGE_FILES = {
     "generate": "generate.py",
 }
 STAGES = tuple(STAGE_FILES)
+PREPROCESSING_STAGES = STAGES[: STAGES.index("train")]
 LIBRARY_ZIP = "spark_jobs.zip"
 
 

@@ -12,12 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from include import local_runner
-from include.spark_submit import package_code
+from include.spark_submit import PREPROCESSING_STAGES, package_code
 from spark_jobs.lib import corpus, lake, storage
 from spark_jobs.lib.embeddings import sinusoidal
 from tests.conftest import new_run, small_config
 
-STAGES = ("tokenize", "window", "positional_embed", "export")
 pytestmark = pytest.mark.slow
 
 
@@ -46,7 +45,7 @@ def preprocessed(tmp_path_factory, shakespeare, code_dir):
         (folder / name).write_text(part, encoding="utf-8")
     config = small_config(tmp, folder / "*.txt")
     run = new_run(config, "e2e")
-    for stage in STAGES:
+    for stage in PREPROCESSING_STAGES:
         local_runner.run_stage(stage, config, run, code_dir)
     return config, run, {(folder / name).as_uri(): part for name, part in texts.items()}
 
@@ -58,7 +57,7 @@ def read_folder(uri: str):
 def test_outputs_exist_and_stages_completed(preprocessed):
     config, run, _ = preprocessed
     root = Path(lake.local_path(run))
-    for stage in STAGES:
+    for stage in PREPROCESSING_STAGES:
         assert (root / "stats" / f"{stage}.json").is_file()
     for name in ["tokenizer/tokenizer.json", "embeddings/token_vectors.npy", "embeddings/positions.npy",
                  "embeddings/meta.json", "tfrecords/manifest.json"]:
@@ -177,7 +176,7 @@ def test_a_copied_run_folder_reads_its_own_outputs_even_under_a_path_spark_would
     copy = tmp_path / "lake [v2]{old,new}" / "runs" / "e2e-copy"
     shutil.copytree(lake.local_path(run), copy)
     copied = "file://" + str(copy)
-    for stage in STAGES[1:]:
+    for stage in PREPROCESSING_STAGES[1:]:
         local_runner.run_stage(stage, config, copied, code_dir)
         assert lake.read_json(lake.stats_uri(copied, stage))["outputs"]
     assert json.loads((copy / "tfrecords" / "manifest.json").read_text())["splits"] == json.loads(

@@ -23,7 +23,7 @@ import pytest
 
 from include.local_runner import local_argv, run_pipeline, run_stage, spark_env
 from include.local_s3 import LocalS3
-from include.spark_submit import package_code
+from include.spark_submit import PREPROCESSING_STAGES, package_code
 from spark_jobs.generate import load_model
 from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import REPO_ROOT, load_config
@@ -49,7 +49,7 @@ def prepared(tmp_path_factory, shakespeare):
     corpus = tmp / "slice.txt"
     corpus.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
     config = small_config(tmp, corpus, TINY_TRAINING)
-    run = run_pipeline(config, "prepared", ("tokenize", "window", "positional_embed", "export"))
+    run = run_pipeline(config, "prepared", PREPROCESSING_STAGES)
     code = tmp / "code"
     package_code(code)
     return config, run, code
