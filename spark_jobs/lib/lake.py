@@ -31,6 +31,7 @@ REPORT_JSON = "report.json"
 REPORT_TEXT = "report.md"
 TOKENIZER_PATH = "tokenizer/tokenizer.json"  # tokenize's, read by window (packed) and train
 MANIFEST_PATH = "tfrecords/manifest.json"  # export's, read by train
+SAMPLES_PATH = "samples.txt"  # generate's, copied by collect
 LOCAL_FILESYSTEM = pafs.LocalFileSystem()
 COPY_CHUNK_BYTES = 8 * 2**20
 S3_COPY_MAX_BYTES = 5 * 10**9  # S3's CopyObject copies at most 5 GB, and a move on S3 is one
