@@ -207,10 +207,11 @@ def max_cluster_hours(config: PipelineConfig, dag_config: PipelineConfig | None 
     return round(seconds / 3600 + config.emr.idle_timeout_minutes / 60, 2)
 
 
-def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = None) -> None:
+def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = None) -> tuple[float, float]:
     """Stop a run whose cluster could cost more than emr.max_cost_usd, before it exists. The most
     is the on-demand price for the longest the cluster can live, which the DAG's step time limits
-    bound. The budget is the DAG's too: a run may lower it for itself, not raise or clear it."""
+    bound. The budget is the DAG's too: a run may lower it for itself, not raise or clear it.
+    Returns the hourly price and those hours."""
     budget = lowest_budget(config.emr.max_cost_usd, (dag_config or config).emr.max_cost_usd)
     hourly, hours = hourly_cost_usd(config), max_cluster_hours(config, dag_config)
     if budget is not None and hourly * hours > budget:
@@ -221,6 +222,7 @@ def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = Non
             f"train.max_steps or emr.step_timeout_minutes in {defaults_path().name} (the DAG's step time limits come "
             "from there), or raise emr.max_cost_usd there"
         )
+    return hourly, hours
 
 
 def lowest_budget(*budgets: float | None) -> float | None:

@@ -39,8 +39,7 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> 
     log.info("training: %s, of the %s MB a worker has", memory.describe(need), f"{worker_mb:,}")
     request = emr.job_flow_overrides(config, run_id)
     steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in STAGES}
-    emr.check_budget(config, dag_config)
-    hourly, hours = emr.hourly_cost_usd(config), emr.max_cluster_hours(config, dag_config)
+    hourly, hours = emr.check_budget(config, dag_config)
     log.info("cluster: about $%.2f per hour on demand; at most %.1f hours (about $%.0f) with these limits",
              hourly, hours, hourly * hours)
     s3 = S3Hook(aws_conn_id=config.emr.aws_conn_id)
