@@ -1,8 +1,9 @@
 """One builder for the spark-submit command of every stage, used by both targets.
 
-Local and EMR run the same application files with the same arguments; only the master, the
-deploy mode and where the code and run folder live differ, plus the executor sizing a cluster
-needs (EMR's train step: one whole core node per executor).
+Local and EMR run the same application files with the same arguments and stage_conf's settings;
+the master, the deploy mode and where the code and run folder live differ, and EMR adds the
+settings a cluster needs (include/emr.py: every stage's parallelism, and for the train step one
+whole core node per executor).
 """
 
 from __future__ import annotations

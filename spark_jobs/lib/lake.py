@@ -2,9 +2,9 @@
 
 A run folder is {lake}/runs/{run_id}/. A stage is complete when its stats file
 stats/{stage}.json exists: stages write their outputs first and that file last, and clear it
-before they start, so a crashed stage never looks finished. Starting a stage also clears the
-files of the stages that read its outputs (spark_jobs.lib.stages), so they never look finished
-with outputs made from older inputs.
+before they start, so a crashed stage never looks finished. Starting a stage also removes the
+completion markers of the stages that read its outputs (spark_jobs.lib.stages), so they never
+look finished with outputs made from older inputs; their other files stay until they run again.
 """
 
 from __future__ import annotations

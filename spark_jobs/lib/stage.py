@@ -43,7 +43,8 @@ def load_run_config(run: str) -> PipelineConfig:
 def spark_session(stage: str):
     from pyspark.sql import SparkSession
 
-    # Settings come from spark-submit (include/spark_submit.stage_conf), the same on every target.
+    # Settings come from spark-submit: include/spark_submit.stage_conf's on every target, plus on
+    # EMR the parallelism and the train executors' sizing of include/emr.py.
     return SparkSession.builder.appName(f"gpt-pipeline-{stage}").getOrCreate()
 
 
