@@ -4,7 +4,7 @@
 
 Builds a corpus of tinyshakespeare repeated to --mb megabytes (one file, or --files files cut at
 line ends: a corpus of many small documents), runs tokenize, window,
-positional_embed and export through spark-submit on local[cores] (include/local_runner.run_stage),
+positional_embed and export through spark-submit on local[cores] (include/local_runner.submit_stage),
 and prints tokens/s per stage and end to end. Each stage's time is split into the body (the
 stage's own work, duration_s of stats/{stage}.json) and start-up plus shut-down (JVM, imports,
 SparkContext, stopping Spark: the rest of spark-submit's wall time). Then it encodes the same
@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include import class_archive  # noqa: E402
-from include.local_runner import run_stage  # noqa: E402
+from include.local_runner import submit_stage  # noqa: E402
 from include.spark_submit import PREPROCESSING_STAGES, package_code  # noqa: E402
 from spark_jobs.lib import bpe, lake  # noqa: E402
 from spark_jobs.lib.config import SHARED_CORPUS, add_set_argument, load_config  # noqa: E402
@@ -92,7 +92,7 @@ def measure(megabytes: float, files: int, overrides: list[str], cores: int, repe
         stages = {}
         for stage in PREPROCESSING_STAGES:
             started = time.perf_counter()
-            run_stage(stage, config, run, code)
+            submit_stage(stage, config, run, code)
             wall = time.perf_counter() - started
             stats = lake.read_json(lake.stats_uri(run, stage))
             stages[stage] = {"wall_s": wall, "body_s": stats["duration_s"], "overhead_s": wall - stats["duration_s"],

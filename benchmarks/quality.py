@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from include.local_runner import run_pipeline, run_stage  # noqa: E402
+from include.local_runner import run_pipeline, submit_stage  # noqa: E402
 from include.spark_submit import PREPROCESSING_STAGES, packaged_code  # noqa: E402
 from spark_jobs.lib import lake  # noqa: E402
 from spark_jobs.lib.config import add_set_argument, load_config, to_uri  # noqa: E402
@@ -41,7 +41,7 @@ def main() -> None:
         for workers in counts:
             worker_config = load_config(overrides=[{"lake": args.lake}, *args.overrides, f"train.num_workers={workers}"])
             run = clone_run(base, f"{workers}w", worker_config)
-            run_stage("train", worker_config, run, code_dir)
+            submit_stage("train", worker_config, run, code_dir)
             rows.append((workers, lake.read_json(lake.stats_uri(run, "train"))))
     export = lake.read_json(lake.join(base, lake.MANIFEST_PATH))
     train = config.train

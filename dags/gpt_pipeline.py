@@ -148,7 +148,7 @@ def run_local_stage(stage: str, run_dir: str) -> dict:
     with packaged_code() as code_dir:
         try:
             with locks.run_folder_held(run_dir, f"the DAG's task {stage}"):
-                local_runner.run_stage(stage, config, run_dir, code_dir)
+                local_runner.submit_stage(stage, config, run_dir, code_dir)
         except local_runner.StageFailed as error:
             if error.bad_input:  # fail without the retry, which would stop on the same input
                 raise AirflowFailException(str(error)) from error

@@ -1,7 +1,7 @@
 """Run stages with spark-submit on this machine (target: local).
 
 `python -m include.local_runner` runs the preprocessing and training stages in order on a
-corpus and prints where the outputs are; the DAG uses `run_stage` for its local target.
+corpus and prints where the outputs are; the DAG uses `submit_stage` for its local target.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def local_argv(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path)
     return argv
 
 
-def run_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) -> None:
+def submit_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) -> None:
     argv = local_argv(stage, config, run_dir, code_dir)
     with class_archive.sharing(stage) as jvm_options:
         returncode = run_spark_submit(argv, spark_env(jvm_options))
@@ -123,7 +123,7 @@ def run_pipeline(config: PipelineConfig, run_id: str, stages: tuple[str, ...] | 
     with packaged_code() as code_dir:
         for stage in stages:
             print(f"== {stage}", flush=True)
-            run_stage(stage, config, run_dir, code_dir)
+            submit_stage(stage, config, run_dir, code_dir)
     return run_dir
 
 

@@ -46,7 +46,7 @@ def preprocessed(tmp_path_factory, shakespeare, code_dir):
     config = small_config(tmp, folder / "*.txt")
     run = new_run(config, "e2e")
     for stage in PREPROCESSING_STAGES:
-        local_runner.run_stage(stage, config, run, code_dir)
+        local_runner.submit_stage(stage, config, run, code_dir)
     return config, run, {(folder / name).as_uri(): part for name, part in texts.items()}
 
 
@@ -177,7 +177,7 @@ def test_a_copied_run_folder_reads_its_own_outputs_even_under_a_path_spark_would
     shutil.copytree(lake.local_path(run), copy)
     copied = "file://" + str(copy)
     for stage in PREPROCESSING_STAGES[1:]:
-        local_runner.run_stage(stage, config, copied, code_dir)
+        local_runner.submit_stage(stage, config, copied, code_dir)
         assert lake.read_json(lake.stats_uri(copied, stage))["outputs"]
     assert json.loads((copy / "tfrecords" / "manifest.json").read_text())["splits"] == json.loads(
         Path(lake.local_path(lake.join(run, "tfrecords", "manifest.json"))).read_text()
@@ -185,7 +185,7 @@ def test_a_copied_run_folder_reads_its_own_outputs_even_under_a_path_spark_would
     # Its tokens gone, the copy does not read the original's: window names what to run again.
     shutil.rmtree(copy / "tokens")
     with pytest.raises(local_runner.StageFailed):
-        local_runner.run_stage("window", config, copied, code_dir)
+        local_runner.submit_stage("window", config, copied, code_dir)
     captured = capfd.readouterr()
     assert "stage 'tokenize' is marked complete in run folder" in captured.out + captured.err
     assert "its tokens/ holds no Parquet part file: run tokenize again" in captured.out + captured.err
@@ -198,7 +198,7 @@ def test_a_bad_file_fails_the_application_with_exit_code_2(tmp_path, code_dir, c
     config = small_config(tmp_path, folder)
     run = new_run(config, "bad")
     with pytest.raises(local_runner.StageFailed, match="exit code 2"):
-        local_runner.run_stage("tokenize", config, run, code_dir)
+        local_runner.submit_stage("tokenize", config, run, code_dir)
     captured = capfd.readouterr()  # spark-submit merges the driver's stderr into its stdout
     errors = [line for line in (captured.out + captured.err).splitlines() if line.startswith("ERROR [tokenize]")]
     assert errors == [
