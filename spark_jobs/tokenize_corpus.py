@@ -78,7 +78,7 @@ def encode_task(groups: list[list[tuple]], tokenizer_json, tokens_uri: str):
         tokenizer = bpe.from_json(tokenizer_json.value)
         rows, ids = [], []
         for piece, val_start in groups[task]:
-            text = corpus.read_text(piece.path, piece.start, piece.end - piece.start)
+            text = corpus.read_piece_text(piece.path, piece.start, piece.end - piece.start)
             for split, part in (("train", text[:val_start]), ("val", text[val_start:])):
                 if part:
                     ids.append(bpe.encode(tokenizer, part))
