@@ -4,7 +4,7 @@
 
 Builds a corpus of tinyshakespeare repeated to --mb megabytes (one file, or --files files cut at
 line ends: a corpus of many small documents), runs tokenize, window,
-positional_embed and export through spark-submit on local[cores] (include/local_runner.run_stage),
+positional_embed and export through spark-submit on local[cores] (include/local_runner.submit_stage),
 and prints tokens/s per stage and end to end. Each stage's time is split into the body (the
 stage's own work, duration_s of stats/{stage}.json) and start-up plus shut-down (JVM, imports,
 SparkContext, stopping Spark: the rest of spark-submit's wall time). Then it encodes the same
@@ -29,19 +29,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include import class_archive  # noqa: E402
-from include.local_runner import run_stage  # noqa: E402
-from include.spark_submit import package_code  # noqa: E402
+from include.local_runner import submit_stage  # noqa: E402
+from include.spark_submit import PREPROCESSING_STAGES, package_code  # noqa: E402
 from spark_jobs.lib import bpe, lake  # noqa: E402
-from spark_jobs.lib.config import REPO_ROOT, add_set_argument, load_config  # noqa: E402
-
-STAGES = ("tokenize", "window", "positional_embed", "export")
-SHAKESPEARE = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+from spark_jobs.lib.config import SHARED_CORPUS, add_set_argument, load_config  # noqa: E402
 
 
 def build_corpus(folder: Path, megabytes: float, files: int) -> tuple[str, str, str]:
     """tinyshakespeare repeated to about `megabytes`, as one file or cut at line ends into `files`
     files; returns (corpus path or glob, its name, the text)."""
-    text = SHAKESPEARE.read_text(encoding="utf-8")
+    text = SHARED_CORPUS.read_text(encoding="utf-8")
     copies = max(1, round(megabytes * 1_000_000 / len(text.encode("utf-8"))))
     text *= copies
     name = f"shakespeare-x{copies}"
@@ -93,9 +90,9 @@ def measure(megabytes: float, files: int, overrides: list[str], cores: int, repe
         code = scratch / "code"
         package_code(code)
         stages = {}
-        for stage in STAGES:
+        for stage in PREPROCESSING_STAGES:
             started = time.perf_counter()
-            run_stage(stage, config, run, code)
+            submit_stage(stage, config, run, code)
             wall = time.perf_counter() - started
             stats = lake.read_json(lake.stats_uri(run, stage))
             stages[stage] = {"wall_s": wall, "body_s": stats["duration_s"], "overhead_s": wall - stats["duration_s"],
@@ -145,7 +142,7 @@ def report_marginal(small: dict, large: dict) -> None:
     on large corpora, where the fixed costs (start-up of Python workers and Spark SQL, Word2Vec on
     its capped sample) no longer count."""
     extra = large["tokens"] - small["tokens"]
-    cost = {name: large["stages"][name]["body_s"] - small["stages"][name]["body_s"] for name in STAGES}
+    cost = {name: large["stages"][name]["body_s"] - small["stages"][name]["body_s"] for name in PREPROCESSING_STAGES}
     bpe = large["stages"]["tokenize"]["timings"]["train_bpe_s"] - small["stages"]["tokenize"]["timings"]["train_bpe_s"]
     _, best = baseline(large)
     print(f"\nthe extra {large['mb'] - small['mb']:.0f} MB ({extra:,} tokens) cost: "
@@ -173,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted(float(size) for size in args.mb.split(","))
     cores = os.cpu_count() or 2  # the local runner's local[N]; the tokenizer gets as many threads
     load_before = os.getloadavg()[0]  # other work on the machine skews every figure
-    unrecorded = [stage for stage in STAGES if class_archive.stage_archive(stage) is None]
+    unrecorded = [stage for stage in PREPROCESSING_STAGES if class_archive.stage_archive(stage) is None]
     if args.files < 1:
         parser.error("--files must be at least 1")
     results = [measure(size, args.files, args.overrides, cores, args.repeats, args.keep) for size in sizes]

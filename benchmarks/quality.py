@@ -20,12 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from include.local_runner import run_pipeline, run_stage  # noqa: E402
-from include.spark_submit import package_code  # noqa: E402
+from include.local_runner import run_pipeline, submit_stage  # noqa: E402
+from include.spark_submit import PREPROCESSING_STAGES, packaged_code  # noqa: E402
 from spark_jobs.lib import lake  # noqa: E402
 from spark_jobs.lib.config import add_set_argument, load_config, to_uri  # noqa: E402
-
-PREPROCESS = ("tokenize", "window", "positional_embed", "export")
 
 
 def main() -> None:
@@ -37,16 +35,15 @@ def main() -> None:
     counts = [int(count) for count in args.workers.split(",")]
     config = load_config(overrides=[{"lake": args.lake}, *args.overrides])
     run_id = f"quality-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
-    base = run_pipeline(config, run_id, PREPROCESS)
+    base = run_pipeline(config, run_id, PREPROCESSING_STAGES)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as code_dir:
-        package_code(Path(code_dir))
+    with packaged_code() as code_dir:
         for workers in counts:
             worker_config = load_config(overrides=[{"lake": args.lake}, *args.overrides, f"train.num_workers={workers}"])
             run = clone_run(base, f"{workers}w", worker_config)
-            run_stage("train", worker_config, run, Path(code_dir))
+            submit_stage("train", worker_config, run, code_dir)
             rows.append((workers, lake.read_json(lake.stats_uri(run, "train"))))
-    export = lake.read_json(lake.join(base, "tfrecords", "manifest.json"))
+    export = lake.read_json(lake.join(base, lake.MANIFEST_PATH))
     train = config.train
     print(
         f"\nconfig: vocab {export['vocab_size']}, block {config.data.block_size}, stride {config.data.stride}, "

@@ -22,10 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include.local_runner import run_pipeline  # noqa: E402
+from include.spark_submit import PREPROCESSING_STAGES  # noqa: E402
 from spark_jobs.lib import lake, memory  # noqa: E402
-from spark_jobs.lib.config import REPO_ROOT, load_config  # noqa: E402
+from spark_jobs.lib.config import SHARED_CORPUS, load_config  # noqa: E402
 
-SHAKESPEARE = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 SHORT_TRAINING = ["train.max_steps=3", "train.eval_interval=3", "train.eval_batches=1", "train.warmup_steps=1",
                   "train.log_interval=1", "generate.max_new_tokens=1"]  # fmt: skip
 SHAPES = {
@@ -42,7 +42,7 @@ SHAPES = {
     "D=256, T=32, b=256, MLP 16": ["train.num_workers=1", "embedding.dim=256", "data.block_size=32", "data.stride=16",
                                    "train.batch_size=256", "model.mlp_ratio=16"],
 }
-STAGES = ("tokenize", "window", "positional_embed", "export", "train")
+STAGES = (*PREPROCESSING_STAGES, "train")
 
 
 def measure(corpus: Path, overrides: list[str], scratch: Path) -> tuple[dict, float, int]:
@@ -51,13 +51,13 @@ def measure(corpus: Path, overrides: list[str], scratch: Path) -> tuple[dict, fl
     run = run_pipeline(config, "memory", STAGES)
     rows = list(csv.DictReader(io.StringIO(lake.read_text(lake.join(run, "stats", "epochs.csv")))))
     peak = max(float(row["process_memory_max_mb"]) for row in rows)
-    vocab = lake.read_json(lake.join(run, "tfrecords", "manifest.json"))["vocab_size"]
+    vocab = lake.read_json(lake.join(run, lake.MANIFEST_PATH))["vocab_size"]
     return memory.worker_peak_mb(config, vocab), peak, vocab
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", type=Path, default=SHAKESPEARE)
+    parser.add_argument("--corpus", type=Path, default=SHARED_CORPUS)
     parser.add_argument("--only", help="comma-separated numbers of the shapes to run (1 = the first)")
     args = parser.parse_args(argv)
     chosen = list(SHAPES.items())

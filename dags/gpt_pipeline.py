@@ -30,9 +30,7 @@ pipeline.yaml (none by default), and whenever the corpus asset is updated.
 from __future__ import annotations
 
 import logging
-import tempfile
 from datetime import timedelta
-from pathlib import Path
 
 from airflow.sdk import (
     DAG,
@@ -56,7 +54,7 @@ from include.collect import (
     remove_old_runs,
 )
 from include.schedule import cron_timetable
-from include.spark_submit import STAGES, package_code
+from include.spark_submit import STAGES, packaged_code
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import (
@@ -147,11 +145,10 @@ def validate_config_for_emr() -> dict:
 def run_local_stage(stage: str, run_dir: str) -> dict:
     """spark-submit one stage on local Spark; returns the headline figures of the stage's stats."""
     config = load_run_config(run_dir)
-    with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as code_dir:
-        package_code(Path(code_dir))
+    with packaged_code() as code_dir:
         try:
             with locks.run_folder_held(run_dir, f"the DAG's task {stage}"):
-                local_runner.run_stage(stage, config, run_dir, Path(code_dir))
+                local_runner.submit_stage(stage, config, run_dir, code_dir)
         except local_runner.StageFailed as error:
             if error.bad_input:  # fail without the retry, which would stop on the same input
                 raise AirflowFailException(str(error)) from error

@@ -20,14 +20,15 @@ from pathlib import Path
 
 from include import locks
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import from_json
+from spark_jobs.lib.config import PipelineConfig, from_json
 from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.train_state import MODEL_DIR
 
 log = logging.getLogger(__name__)
 
 AWS_CONN_ID = "aws_default"
-RECORD_FILES = ("config.json", "samples.txt")
-RECORD_FOLDERS = ("stats/", "model/")
+RECORD_FILES = (lake.CONFIG_FILE, lake.SAMPLES_PATH)
+RECORD_FOLDERS = ("stats/", f"{MODEL_DIR}/")
 REPORT_JSON, REPORT_TEXT = lake.REPORT_JSON, lake.REPORT_TEXT
 LATEST_FOLDER = "latest"
 REMOVING = "REMOVING"  # in a run folder that prune_runs has begun to remove
@@ -63,6 +64,9 @@ class RunFolder:
 
     def read_json(self, relative: str) -> dict:
         return json.loads(self.read(relative))
+
+    def config(self) -> PipelineConfig:
+        return from_json(self.read(lake.CONFIG_FILE).decode("utf-8"))
 
     def write(self, relative: str, data: bytes) -> None:
         uri = lake.join(self.uri, relative)
@@ -122,7 +126,7 @@ def record_files(run: RunFolder) -> list[str]:
 
 def build_report(run: RunFolder, s3_uri: str, stages: tuple[str, ...]) -> dict:
     stats = {stage: run.read_json(f"stats/{stage}.json") for stage in stages}
-    config = json.loads(run.read("config.json"))
+    config = run.read_json(lake.CONFIG_FILE)
     train = stats["train"]
     return {
         "run": run.name,
@@ -142,7 +146,7 @@ def build_report(run: RunFolder, s3_uri: str, stages: tuple[str, ...]) -> dict:
         "warnings": [f"[{stage}] {message}" for stage in stages for message in stats[stage].get("warnings", [])],
         "train": train,
         "evaluations": evaluations(run.read("stats/epochs.csv").decode("utf-8")),
-        "sample": run.read("samples.txt").decode("utf-8"),
+        "sample": run.read(lake.SAMPLES_PATH).decode("utf-8"),
     }
 
 
@@ -237,7 +241,7 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | No
     the run folder gets the report too (a stage that runs again there removes it). `extra` goes
     into the report as it is (on EMR: the cluster and its steps, under "emr")."""
     run = RunFolder(run_dir, hook)
-    config = from_json(run.read("config.json").decode("utf-8"))
+    config = run.config()
     bucket = check_bucket(hook, config.s3.bucket, "s3.bucket")
     prefix = posixpath.join(config.s3.prefix.strip("/"), run.name)
     files, record = record_files(run), RunFolder(f"s3://{bucket}/{prefix}", hook)
@@ -264,7 +268,7 @@ def remove_old_runs(run_dir: str, hook) -> list[str]:
     left alone; records on S3 stay. A removal that stopped halfway (its folder holds REMOVING) is
     finished."""
     run = RunFolder(run_dir, hook)
-    config = from_json(run.read(lake.CONFIG_FILE).decode("utf-8"))
+    config = run.config()
     if config.keep_runs is None:
         return []
     others, unfinished_removals = [], []
@@ -300,8 +304,8 @@ def collected_lineage(run: RunFolder) -> tuple[str, list[str]] | None:
 
 
 def collected_at(run: RunFolder) -> str:
-    """When collect finished the run: its report's time, or for a report without one (written by
-    an older version) the report file's."""
+    """When collect finished the run: its report's collected_at, or for a report without
+    collected_at, its file's time."""
     report = run.read_json(REPORT_JSON)
     if "collected_at" in report:
         return report["collected_at"]
@@ -341,7 +345,7 @@ def promote_record(record_uri: str, hook) -> dict:
     if not hook.check_for_key(posixpath.join(prefix, REPORT_JSON), bucket_name=bucket):
         raise PipelineError(f"record {record_uri} has no {REPORT_JSON}: collect did not finish")
     report = read(posixpath.join(prefix, REPORT_JSON))  # written last by collect: the record is whole
-    config = from_json(hook.read_key(posixpath.join(prefix, "config.json"), bucket_name=bucket))
+    config = from_json(hook.read_key(posixpath.join(prefix, lake.CONFIG_FILE), bucket_name=bucket))
     key = latest_key(config)
     current = read(key) if hook.check_for_key(key, bucket_name=bucket) else None
     candidate = {

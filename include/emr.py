@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import math
 import re
-import tempfile
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from include.spark_submit import STAGES, package_code, spark_submit_argv
+from include.spark_submit import STAGES, packaged_code, spark_submit_argv
 from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig, defaults_path
 from spark_jobs.lib.errors import PipelineError
@@ -38,8 +36,8 @@ DEPLOY_MODE = "client"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")
 
 
-def read_template(path: Path = TEMPLATE_PATH) -> dict:
-    return yaml.safe_load(path.read_text())
+def read_template() -> dict:
+    return yaml.safe_load(TEMPLATE_PATH.read_text())
 
 
 def code_uri(config: PipelineConfig, run_id: str) -> str:
@@ -166,13 +164,11 @@ def train_budget_steps(config: PipelineConfig) -> int:
 
 
 def sensor_limits(stage: str, config: PipelineConfig) -> dict[str, int]:
-    """EmrStepSensor arguments: `timeout` for poke/reschedule mode, `max_attempts` for deferrable
-    mode (its limit is max_attempts x poke_interval, 60 minutes by default)."""
+    """EmrStepSensor's `timeout` and `poke_interval` for a stage's step."""
     timeout = config.emr.step_timeout_minutes * 60
     if stage == "train":
         timeout += math.ceil(train_budget_steps(config) * config.emr.train_seconds_per_step)
-    poke = config.emr.poke_interval_seconds
-    return {"timeout": timeout, "poke_interval": poke, "max_attempts": math.ceil(timeout / poke)}
+    return {"timeout": timeout, "poke_interval": config.emr.poke_interval_seconds}
 
 
 def check_sensor_limits(run_config: PipelineConfig, dag_config: PipelineConfig) -> None:
@@ -211,10 +207,11 @@ def max_cluster_hours(config: PipelineConfig, dag_config: PipelineConfig | None 
     return round(seconds / 3600 + config.emr.idle_timeout_minutes / 60, 2)
 
 
-def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = None) -> None:
+def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = None) -> tuple[float, float]:
     """Stop a run whose cluster could cost more than emr.max_cost_usd, before it exists. The most
     is the on-demand price for the longest the cluster can live, which the DAG's step time limits
-    bound. The budget is the DAG's too: a run may lower it for itself, not raise or clear it."""
+    bound. The budget is the DAG's too: a run may lower it for itself, not raise or clear it.
+    Returns the hourly price and those hours."""
     budget = lowest_budget(config.emr.max_cost_usd, (dag_config or config).emr.max_cost_usd)
     hourly, hours = hourly_cost_usd(config), max_cluster_hours(config, dag_config)
     if budget is not None and hourly * hours > budget:
@@ -225,6 +222,7 @@ def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = Non
             f"train.max_steps or emr.step_timeout_minutes in {defaults_path().name} (the DAG's step time limits come "
             "from there), or raise emr.max_cost_usd there"
         )
+    return hourly, hours
 
 
 def lowest_budget(*budgets: float | None) -> float | None:
@@ -297,20 +295,15 @@ def matching_objects(s3_hook, folder: str, globs: list[str]) -> dict[str, int]:
     return matched
 
 
-def upload_run(config: PipelineConfig, run_id: str, s3_client) -> dict[str, str]:
+def upload_run(config: PipelineConfig, run_id: str, s3_client) -> None:
     """Upload the code, the bootstrap script and its requirements, then the resolved config
     (config.json in the run folder, written last: it marks the run as created)."""
-    if not config.lake.startswith("s3://"):
-        raise ConfigError(f"lake must be an s3:// URI for target emr, got {config.lake!r}")
     code = code_uri(config, run_id)
-    with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as folder:
-        package_code(Path(folder))
-        files = {file.relative_to(folder).as_posix(): file for file in Path(folder).rglob("*") if file.is_file()}
+    with packaged_code() as folder:
+        files = {file.relative_to(folder).as_posix(): file for file in folder.rglob("*") if file.is_file()}
         files |= RUN_FILES
         for name, path in sorted(files.items()):
             bucket, key = split_s3_uri(lake.join(code, name))
             s3_client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
-    run = lake.run_dir(config, run_id)
-    bucket, key = split_s3_uri(lake.join(run, lake.CONFIG_FILE))
+    bucket, key = split_s3_uri(lake.join(lake.run_dir(config, run_id), lake.CONFIG_FILE))
     s3_client.put_object(Bucket=bucket, Key=key, Body=config.to_json().encode("utf-8"))
-    return {"code_uri": code, "run_dir": run}

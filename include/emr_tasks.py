@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 ENDED_STATES = ("TERMINATING", "TERMINATED", "TERMINATED_WITH_ERRORS")
 
 
-def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, stages=STAGES) -> dict:
+def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> dict:
     """Check the run fits the DAG's sensor limits, upload it, and return what the EMR tasks send:
     `run_dir`, `job_flow_overrides` and `{stage}_step` (run it as a task with multiple_outputs=True)."""
     emr.check_sensor_limits(config, dag_config)
@@ -38,16 +38,15 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig, sta
     need = memory.check_training_fits(config, worker_mb, where)
     log.info("training: %s, of the %s MB a worker has", memory.describe(need), f"{worker_mb:,}")
     request = emr.job_flow_overrides(config, run_id)
-    steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in stages}
-    emr.check_budget(config, dag_config)
-    hourly, hours = emr.hourly_cost_usd(config), emr.max_cluster_hours(config, dag_config)
+    steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in STAGES}
+    hourly, hours = emr.check_budget(config, dag_config)
     log.info("cluster: about $%.2f per hour on demand; at most %.1f hours (about $%.0f) with these limits",
              hourly, hours, hourly * hours)
     s3 = S3Hook(aws_conn_id=config.emr.aws_conn_id)
     # Without it EMR would start the cluster and lose its logs.
     check_bucket(s3, emr.split_s3_uri(config.emr.log_uri)[0], "emr.log_uri")
-    uploaded = emr.upload_run(config, run_id, s3.get_conn())
-    return {"run_dir": uploaded["run_dir"], "job_flow_overrides": request, **steps}
+    emr.upload_run(config, run_id, s3.get_conn())
+    return {"run_dir": lake.run_dir(config, run_id), "job_flow_overrides": request, **steps}
 
 
 def step_name(stage: str, try_number: int) -> str:
@@ -153,7 +152,7 @@ def describe_progress(progress: dict) -> str:
     )
 
 
-def cluster_tasks(config: PipelineConfig, prepared, stages=STAGES, sensor_mode: str = "reschedule"):
+def cluster_tasks(config: PipelineConfig, prepared):
     """The cluster's tasks in order; returns (create, the last stage's task, terminate)."""
     aws = {"aws_conn_id": config.emr.aws_conn_id, "region_name": config.emr.region}
     # No retries: a retried create would start a second cluster (boto3 retries API errors itself).
@@ -161,14 +160,14 @@ def cluster_tasks(config: PipelineConfig, prepared, stages=STAGES, sensor_mode: 
         task_id="create_cluster", job_flow_overrides=prepared["job_flow_overrides"], emr_conn_id=None, retries=0, **aws
     )
     previous = create
-    for stage in stages:
+    for stage in STAGES:
         run = EmrStageSensor(
             task_id=stage,
             stage=stage,
             step=prepared[f"{stage}_step"],
             run_dir=prepared["run_dir"],
             job_flow_id=create.output,
-            mode=sensor_mode,
+            mode="reschedule",
             deferrable=False,  # its checks of a failed step are in poke, which a trigger would not run
             retries=emr.STEP_RETRIES,
             **emr.sensor_limits(stage, config),

@@ -1,7 +1,7 @@
 """Run stages with spark-submit on this machine (target: local).
 
 `python -m include.local_runner` runs the preprocessing and training stages in order on a
-corpus and prints where the outputs are; the DAG uses `run_stage` for its local target.
+corpus and prints where the outputs are; the DAG uses `submit_stage` for its local target.
 """
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pyspark
 
 from include import class_archive, locks
-from include.spark_submit import STAGES, local_master, package_code, spark_submit_argv
+from include.spark_submit import STAGES, local_master, packaged_code, spark_submit_argv
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import (
@@ -92,7 +91,7 @@ def local_argv(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path)
     return argv
 
 
-def run_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) -> None:
+def submit_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) -> None:
     argv = local_argv(stage, config, run_dir, code_dir)
     with class_archive.sharing(stage) as jvm_options:
         returncode = run_spark_submit(argv, spark_env(jvm_options))
@@ -121,11 +120,10 @@ def run_spark_submit(argv: list[str], env: dict[str, str]) -> int:
 def run_pipeline(config: PipelineConfig, run_id: str, stages: tuple[str, ...] | None = None) -> str:
     stages = STAGES if stages is None else stages
     run_dir = lake.create_run(config, run_id)
-    with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as code_dir:
-        package_code(Path(code_dir))
+    with packaged_code() as code_dir:
         for stage in stages:
             print(f"== {stage}", flush=True)
-            run_stage(stage, config, run_dir, Path(code_dir))
+            submit_stage(stage, config, run_dir, code_dir)
     return run_dir
 
 

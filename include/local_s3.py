@@ -20,8 +20,8 @@ from moto.server import ThreadedMotoServer
 from include.collect import AWS_CONN_ID
 
 REGION = "us-east-1"
-# This machine's AWS settings that would steer a client past the made-up credentials (a profile
-# the config files, pointed at /dev/null, no longer hold; a role; a session token).
+# This machine's AWS settings that would steer a client past the made-up credentials (a profile,
+# which the config files pointed at /dev/null do not hold; a role; a session token).
 MACHINE_AWS_SETTINGS = (
     "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ROLE_ARN",
     "AWS_ROLE_SESSION_NAME", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",

@@ -1,13 +1,17 @@
 """One builder for the spark-submit command of every stage, used by both targets.
 
-Local and EMR run the same application files with the same arguments; only the master, the
-deploy mode and where the code and run folder live differ, plus the executor sizing a cluster
-needs (EMR's train step: one whole core node per executor).
+Local and EMR run the same application files with the same arguments and stage_conf's settings;
+the master, the deploy mode and where the code and run folder live differ, and EMR adds the
+settings a cluster needs (include/emr.py: every stage's parallelism, and for the train step one
+whole core node per executor).
 """
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from spark_jobs.lib.config import REPO_ROOT, PipelineConfig
@@ -21,6 +25,7 @@ STAGE_FILES = {
     "generate": "generate.py",
 }
 STAGES = tuple(STAGE_FILES)
+PREPROCESSING_STAGES = STAGES[: STAGES.index("train")]
 LIBRARY_ZIP = "spark_jobs.zip"
 
 
@@ -38,7 +43,15 @@ def package_code(dest: Path) -> Path:
     return archive
 
 
-def stage_conf(stage: str, config: PipelineConfig) -> dict[str, str]:
+@contextlib.contextmanager
+def packaged_code() -> Iterator[Path]:
+    """A temporary folder holding package_code's files, removed on leaving."""
+    with tempfile.TemporaryDirectory(prefix="gpt-pipeline-code-") as folder:
+        package_code(Path(folder))
+        yield Path(folder)
+
+
+def stage_conf(stage: str) -> dict[str, str]:
     # WARN: Spark's INFO lines would bury the stages' own output (and their one-line errors).
     conf = {"spark.sql.execution.arrow.pyspark.enabled": "true", "spark.log.level": "WARN"}
     if stage == "train":
@@ -69,7 +82,7 @@ def spark_submit_argv(
     if stage not in STAGE_FILES:
         raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
     argv = ["spark-submit", "--master", master, "--deploy-mode", deploy_mode, "--name", f"gpt-pipeline-{stage}"]
-    for key, value in {**stage_conf(stage, config), **(resources or {})}.items():
+    for key, value in {**stage_conf(stage), **(resources or {})}.items():
         argv += ["--conf", f"{key}={value}"]
     code = code_uri.rstrip("/")
     argv += ["--py-files", f"{code}/{LIBRARY_ZIP}", f"{code}/spark_jobs/{STAGE_FILES[stage]}"]

@@ -25,7 +25,6 @@ from spark_jobs.lib.stage import run_stage
 from spark_jobs.lib.windows import SPLITS
 
 STAGE = "export"
-BATCH_ROWS = 8192
 
 
 def shard_name(split: str, shard: int) -> str:
@@ -46,7 +45,7 @@ def encode_file(shards: int, block_size: int):
 
         fs, path = lake.filesystem(uri)
         with fs.open_input_file(path) as handle:
-            for batch in pq.ParquetFile(handle).iter_batches(BATCH_ROWS, columns=["split", "idx", "ids"]):
+            for batch in pq.ParquetFile(handle).iter_batches(tfrecord.BATCH_ROWS, columns=["split", "idx", "ids"]):
                 ids = batch.column("ids")
                 offsets = ids.offsets.to_numpy()
                 if np.any(np.diff(offsets) != block_size + 1):
@@ -138,14 +137,14 @@ def body(spark, config, run: str) -> dict:
             lake.move_file(fs, posixpath.join(staging_path, name), posixpath.join(final_path, name))
     lake.delete(lake.join(run, "_staging"))
     manifest = {"block_size": block_size, "vocab_size": config.tokenizer.vocab_size, "num_shards": shards, "splits": splits}
-    manifest_uri = lake.join(final, "manifest.json")
+    manifest_uri = lake.join(run, lake.MANIFEST_PATH)
     lake.write_json(manifest_uri, manifest)
     timings["publish_s"] = time.perf_counter() - started
     return {
         "num_shards": shards,
         "splits": {split: {key: splits[split][key] for key in ("windows", "tokens", "chars")} for split in SPLITS},
         "bytes": sum(size for _, size in written.values()),
-        "timings": {key: round(value, 3) for key, value in timings.items()},
+        "timings": timings,
         "outputs": {"tfrecords": final, "manifest": manifest_uri},
     }
 

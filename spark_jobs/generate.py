@@ -25,7 +25,6 @@ from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage
 from spark_jobs.lib.train_state import MODEL_DIR, MODEL_FILE, TOKENIZER_FILE
 
-SAMPLES_FILE = "samples.txt"
 
 
 def load_model(model_folder: str):
@@ -129,7 +128,7 @@ def generate_stage(spark, config: PipelineConfig, run: str) -> dict:
     lake.require_stage(run, "train")
     model, tokenizer = load_model(lake.join(run, MODEL_DIR))
     text = samples(model, tokenizer, config.generate)
-    lake.write_text(lake.join(run, SAMPLES_FILE), text + "\n")
+    lake.write_text(lake.join(run, lake.SAMPLES_PATH), text + "\n")
     print(text, flush=True)
     return {"prompt": config.generate.prompt, "new_tokens": config.generate.max_new_tokens,
             "strategy": config.generate.strategy, "seed": config.generate.seed,

@@ -100,10 +100,10 @@ def body(spark, config, run: str) -> dict:
     tokenizer_vocab = tokenize["tokenizer"]["vocab_size"]
 
     started = time.perf_counter()
-    folder = lake.join(run, "embeddings")
+    folder = lake.join(run, embeddings.FOLDER)
     outputs = {
-        "token_vectors": lake.join(folder, "token_vectors.npy"),
-        "positions": lake.join(folder, "positions.npy"),
+        "token_vectors": lake.join(folder, embeddings.TOKEN_VECTORS_FILE),
+        "positions": lake.join(folder, embeddings.POSITIONS_FILE),
         "meta": lake.join(folder, "meta.json"),
     }
     embeddings.write_npy(outputs["token_vectors"], embeddings.token_table(vocab_size, dim, settings.seed, learned))
@@ -124,7 +124,7 @@ def body(spark, config, run: str) -> dict:
         "vocab_size": vocab_size,
         "dim": dim,
         "block_size": block_size,
-        "timings": {key: round(value, 3) for key, value in timings.items()},
+        "timings": timings,
         "outputs": outputs,
     }
 

@@ -78,7 +78,7 @@ def encode_task(groups: list[list[tuple]], tokenizer_json, tokens_uri: str):
         tokenizer = bpe.from_json(tokenizer_json.value)
         rows, ids = [], []
         for piece, val_start in groups[task]:
-            text = corpus.read_text(piece.path, piece.start, piece.end - piece.start)
+            text = corpus.read_piece_text(piece.path, piece.start, piece.end - piece.start)
             for split, part in (("train", text[:val_start]), ("val", text[val_start:])):
                 if part:
                     ids.append(bpe.encode(tokenizer, part))
@@ -153,7 +153,7 @@ def body(spark, config, run: str) -> dict:
             "sample_chars": sum(len(text) for text in sample),
             "sample_cap_bytes": config.tokenizer.sample_cap_bytes,
         },
-        "timings": {key: round(value, 3) for key, value in timings.items()},
+        "timings": timings,
         "outputs": {"tokenizer": lake.join(run, lake.TOKENIZER_PATH), "tokens": lake.join(run, "tokens")},
     }
 

@@ -34,9 +34,7 @@ os.environ.update(
 )
 
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import REPO_ROOT, PipelineConfig, load_config
-
-SHARED_CORPUS = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+from spark_jobs.lib.config import SHARED_CORPUS, PipelineConfig, load_config
 
 
 @pytest.fixture(scope="session")

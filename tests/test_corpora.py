@@ -310,7 +310,7 @@ def test_packed_documents_use_files_shorter_than_a_window(spark, tmp_path, capsy
         assert any(separator in w["ids"][1:-1] for w in cut)  # windows run across files
 
 
-def test_paths_with_spaces_hashes_and_accents_work_in_every_stage(spark, tmp_path, shakespeare):
+def test_paths_with_spaces_hashes_and_accents_work_in_the_preprocessing_stages(spark, tmp_path, shakespeare):
     """Paths are taken as they are, never percent-encoded (file:///…/my books/…), by pyarrow and Spark alike."""
     folder = tmp_path / "my books"
     folder.mkdir()

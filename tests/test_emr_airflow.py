@@ -13,7 +13,6 @@ import threading
 import time
 import zipfile
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import boto3
 import pytest
@@ -465,9 +464,7 @@ def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr
     config = load_config(overrides=OVERRIDES)
     for stage_name in STAGES:
         sensor, limits = dag.get_task(stage_name), emr.sensor_limits(stage_name, config)
-        assert (float(sensor.timeout), sensor.max_attempts, sensor.poke_interval) == (
-            limits["timeout"], limits["max_attempts"], limits["poke_interval"]
-        )
+        assert (float(sensor.timeout), sensor.poke_interval) == (limits["timeout"], limits["poke_interval"])
         assert sensor.region_name == config.emr.region and sensor.aws_conn_id == config.emr.aws_conn_id
         assert sensor.deferrable is False  # its checks of a failed step run in poke
         assert sensor.retries == emr.STEP_RETRIES == 1

@@ -12,12 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from include import local_runner
-from include.spark_submit import package_code
+from include.spark_submit import PREPROCESSING_STAGES, package_code
 from spark_jobs.lib import corpus, lake, storage
 from spark_jobs.lib.embeddings import sinusoidal
 from tests.conftest import new_run, small_config
 
-STAGES = ("tokenize", "window", "positional_embed", "export")
 pytestmark = pytest.mark.slow
 
 
@@ -46,8 +45,8 @@ def preprocessed(tmp_path_factory, shakespeare, code_dir):
         (folder / name).write_text(part, encoding="utf-8")
     config = small_config(tmp, folder / "*.txt")
     run = new_run(config, "e2e")
-    for stage in STAGES:
-        local_runner.run_stage(stage, config, run, code_dir)
+    for stage in PREPROCESSING_STAGES:
+        local_runner.submit_stage(stage, config, run, code_dir)
     return config, run, {(folder / name).as_uri(): part for name, part in texts.items()}
 
 
@@ -58,7 +57,7 @@ def read_folder(uri: str):
 def test_outputs_exist_and_stages_completed(preprocessed):
     config, run, _ = preprocessed
     root = Path(lake.local_path(run))
-    for stage in STAGES:
+    for stage in PREPROCESSING_STAGES:
         assert (root / "stats" / f"{stage}.json").is_file()
     for name in ["tokenizer/tokenizer.json", "embeddings/token_vectors.npy", "embeddings/positions.npy",
                  "embeddings/meta.json", "tfrecords/manifest.json"]:
@@ -132,7 +131,7 @@ def test_tfrecords_hold_the_windows_and_match_the_manifest(preprocessed):
 
     config, run, _ = preprocessed
     block_size, shards = config.data.block_size, config.data.shards
-    manifest = lake.read_json(lake.join(run, "tfrecords", "manifest.json"))
+    manifest = lake.read_json(lake.join(run, lake.MANIFEST_PATH))
     tokenize = lake.read_json(lake.stats_uri(run, "tokenize"))
     assert manifest["block_size"] == block_size and manifest["vocab_size"] == config.tokenizer.vocab_size
     assert manifest["num_shards"] == shards
@@ -177,8 +176,8 @@ def test_a_copied_run_folder_reads_its_own_outputs_even_under_a_path_spark_would
     copy = tmp_path / "lake [v2]{old,new}" / "runs" / "e2e-copy"
     shutil.copytree(lake.local_path(run), copy)
     copied = "file://" + str(copy)
-    for stage in STAGES[1:]:
-        local_runner.run_stage(stage, config, copied, code_dir)
+    for stage in PREPROCESSING_STAGES[1:]:
+        local_runner.submit_stage(stage, config, copied, code_dir)
         assert lake.read_json(lake.stats_uri(copied, stage))["outputs"]
     assert json.loads((copy / "tfrecords" / "manifest.json").read_text())["splits"] == json.loads(
         Path(lake.local_path(lake.join(run, "tfrecords", "manifest.json"))).read_text()
@@ -186,7 +185,7 @@ def test_a_copied_run_folder_reads_its_own_outputs_even_under_a_path_spark_would
     # Its tokens gone, the copy does not read the original's: window names what to run again.
     shutil.rmtree(copy / "tokens")
     with pytest.raises(local_runner.StageFailed):
-        local_runner.run_stage("window", config, copied, code_dir)
+        local_runner.submit_stage("window", config, copied, code_dir)
     captured = capfd.readouterr()
     assert "stage 'tokenize' is marked complete in run folder" in captured.out + captured.err
     assert "its tokens/ holds no Parquet part file: run tokenize again" in captured.out + captured.err
@@ -199,7 +198,7 @@ def test_a_bad_file_fails_the_application_with_exit_code_2(tmp_path, code_dir, c
     config = small_config(tmp_path, folder)
     run = new_run(config, "bad")
     with pytest.raises(local_runner.StageFailed, match="exit code 2"):
-        local_runner.run_stage("tokenize", config, run, code_dir)
+        local_runner.submit_stage("tokenize", config, run, code_dir)
     captured = capfd.readouterr()  # spark-submit merges the driver's stderr into its stdout
     errors = [line for line in (captured.out + captured.err).splitlines() if line.startswith("ERROR [tokenize]")]
     assert errors == [

@@ -21,9 +21,9 @@ import numpy as np
 import psutil
 import pytest
 
-from include.local_runner import local_argv, run_pipeline, run_stage, spark_env
+from include.local_runner import local_argv, run_pipeline, spark_env, submit_stage
 from include.local_s3 import LocalS3
-from include.spark_submit import package_code
+from include.spark_submit import PREPROCESSING_STAGES, package_code
 from spark_jobs.generate import load_model
 from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import REPO_ROOT, load_config
@@ -49,7 +49,7 @@ def prepared(tmp_path_factory, shakespeare):
     corpus = tmp / "slice.txt"
     corpus.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
     config = small_config(tmp, corpus, TINY_TRAINING)
-    run = run_pipeline(config, "prepared", ("tokenize", "window", "positional_embed", "export"))
+    run = run_pipeline(config, "prepared", PREPROCESSING_STAGES)
     code = tmp / "code"
     package_code(code)
     return config, run, code
@@ -77,7 +77,7 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     np.savez(stale, meta=np.array(json.dumps({"step": 20, "rows": [], "fingerprint": "another training"})))
     lake.write_bytes(lake.join(run, BACKUP), stale.getvalue())
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    run_stage("train", config, run, code)
+    submit_stage("train", config, run, code)
     ignored = f"ignoring the training backup {run}/{BACKUP} (step 20): it was taken with other settings or TFRecords"
     assert f"WARNING [train] {ignored}; training starts from step 0" in capfd.readouterr().err
     # The workers leave without interpreter shutdown, so the source files TensorFlow's autograph
@@ -109,7 +109,7 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     # The windows were small enough to stay in memory, and the memory estimate runs were checked
     # against came close to what the workers reached.
     assert all(worker["windows_in_memory"] for worker in workers)
-    vocab = lake.read_json(lake.join(run, "tfrecords", "manifest.json"))["vocab_size"]
+    vocab = lake.read_json(lake.join(run, lake.MANIFEST_PATH))["vocab_size"]
     peak = max(float(row["process_memory_max_mb"]) for row in rows)
     assert 0.8 <= memory.worker_peak_mb(config, vocab)["total"] / peak <= 1.3, peak
 
@@ -119,10 +119,10 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     ]
     assert not lake.exists(lake.join(run, "checkpoints")), "backups are removed once the stage is complete"
 
-    run_stage("generate", config, run, code)
+    submit_stage("generate", config, run, code)
     sample = lake.read_text(lake.join(run, "samples.txt"))
     assert sample.startswith(config.generate.prompt) and len(sample) > len(config.generate.prompt) + 5
-    run_stage("generate", config, run, code)
+    submit_stage("generate", config, run, code)
     assert lake.read_text(lake.join(run, "samples.txt")) == sample
 
 
@@ -217,7 +217,7 @@ def test_a_diverging_loss_fails_the_stage_at_once_with_a_clear_message(prepared)
 
 def _run_capturing(failure: list, *args) -> None:
     try:
-        run_stage("train", *args)
+        submit_stage("train", *args)
     except Exception as error:  # reported by the test thread
         failure.append(error)
 

@@ -30,7 +30,7 @@ def run_with(tmp_path, shakespeare_slice):
     run = new_run(config)
 
     def write(content: dict):
-        lake.write_json(lake.join(run, train_data.MANIFEST), content)
+        lake.write_json(lake.join(run, lake.MANIFEST_PATH), content)
         return config, run
 
     return write
@@ -61,7 +61,7 @@ def test_a_manifest_that_does_not_fit_is_named(run_with, content, message):
     assert "tfrecords/manifest.json" in str(error.value)
 
 
-def test_training_before_export_says_which_stage_to_run(tmp_path, shakespeare_slice):
+def test_training_before_tokenize_says_which_stage_to_run(tmp_path, shakespeare_slice):
     config = small_config(tmp_path, shakespeare_slice)
     with pytest.raises(StageIncomplete, match="stage 'tokenize' has not completed"):
         train(None, config, new_run(config))

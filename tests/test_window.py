@@ -194,7 +194,7 @@ def test_split_boundary_is_the_last_fraction_of_characters():
     assert corpus.split_boundary(10, 0.25) == 7
 
 
-def test_corpus_size_is_checked_against_a_window_before_anything_runs():
+def test_corpus_check_size_needs_a_window_in_each_split():
     corpus.check_size([1000, 0], block_size=128, val_fraction=0.1)  # 1000 bytes may hold enough tokens
     with pytest.raises(PipelineError, match=r"^the corpus is empty: its 2 file\(s\) hold no bytes$"):
         corpus.check_size([0, 0], block_size=128, val_fraction=0.1)

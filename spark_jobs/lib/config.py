@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_PATH = REPO_ROOT / "include" / "config" / "pipeline.yaml"
+SHARED_CORPUS = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"  # pipeline.yaml's corpus
 
 
 def defaults_path() -> Path:

@@ -173,7 +173,7 @@ def normalize_text(text: str, file_start: bool) -> str:
     return text
 
 
-def read_text(uri: str, start: int, length: int) -> str:
+def read_piece_text(uri: str, start: int, length: int) -> str:
     """The normalized text of a piece: whole UTF-8 characters from byte `start` of the file."""
     return normalize_text(read_range(uri, start, length).decode("utf-8"), start == 0)
 

@@ -10,6 +10,9 @@ import numpy as np
 from spark_jobs.lib import lake
 
 RANDOM_ROW_STD = 0.02  # rows Word2Vec never learned (and every row when it is disabled)
+FOLDER = "embeddings"  # in the run folder
+TOKEN_VECTORS_FILE = "token_vectors.npy"
+POSITIONS_FILE = "positions.npy"
 
 
 def sinusoidal(block_size: int, dim: int) -> np.ndarray:

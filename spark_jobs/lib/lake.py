@@ -2,9 +2,9 @@
 
 A run folder is {lake}/runs/{run_id}/. A stage is complete when its stats file
 stats/{stage}.json exists: stages write their outputs first and that file last, and clear it
-before they start, so a crashed stage never looks finished. Starting a stage also clears the
-files of the stages that read its outputs (spark_jobs.lib.stages), so they never look finished
-with outputs made from older inputs.
+before they start, so a crashed stage never looks finished. Starting a stage also removes the
+completion markers of the stages that read its outputs (spark_jobs.lib.stages), so they never
+look finished with outputs made from older inputs; their other files stay until they run again.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ CONFIG_FILE = "config.json"
 REPORT_JSON = "report.json"
 REPORT_TEXT = "report.md"
 TOKENIZER_PATH = "tokenizer/tokenizer.json"  # tokenize's, read by window (packed) and train
+MANIFEST_PATH = "tfrecords/manifest.json"  # export's, read by train
+SAMPLES_PATH = "samples.txt"  # generate's, copied by collect
 LOCAL_FILESYSTEM = pafs.LocalFileSystem()
 COPY_CHUNK_BYTES = 8 * 2**20
 S3_COPY_MAX_BYTES = 5 * 10**9  # S3's CopyObject copies at most 5 GB, and a move on S3 is one
@@ -182,16 +184,6 @@ def upload_dir(local_dir: str | Path, uri: str) -> None:
     for file in sorted(local_dir.rglob("*")):
         if file.is_file():
             write_bytes(join(uri, file.relative_to(local_dir).as_posix()), file.read_bytes())
-
-
-def download_dir(uri: str, local_dir: str | Path) -> list[Path]:
-    local_dir = Path(local_dir)
-    copied = []
-    for file_uri in list_files(uri):
-        target = local_dir / posixpath.relpath(file_uri, uri.rstrip("/"))
-        download_file(file_uri, target)
-        copied.append(target)
-    return copied
 
 
 def download_file(uri: str, target: str | Path) -> Path:

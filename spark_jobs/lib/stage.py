@@ -43,7 +43,8 @@ def load_run_config(run: str) -> PipelineConfig:
 def spark_session(stage: str):
     from pyspark.sql import SparkSession
 
-    # Settings come from spark-submit (include/spark_submit.stage_conf), the same on every target.
+    # Settings come from spark-submit: include/spark_submit.stage_conf's on every target, plus on
+    # EMR the parallelism and the train executors' sizing of include/emr.py.
     return SparkSession.builder.appName(f"gpt-pipeline-{stage}").getOrCreate()
 
 
@@ -89,6 +90,8 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
         stats = body(spark, config, run)
         # The stage's own work; stopping Spark is teardown, like start-up.
         stats["duration_s"] = round(time.perf_counter() - started, 3)
+        if "timings" in stats:  # seconds of each part of the body, to the millisecond as duration_s
+            stats["timings"] = {part: round(seconds, 3) for part, seconds in stats["timings"].items()}
         stats["stage"] = stage
         stop_spark(spark)
         lake.complete_stage(run, stage, stats)

@@ -69,7 +69,7 @@ def check_core_node_room(config: PipelineConfig, sizes: dict[str, int]) -> None:
     """On EMR each training worker copies its share of the TFRecords to its core node's disk: with
     emr.core_ebs_gb set, stop a run whose share cannot fit on that volume."""
     volume_gb = config.emr.core_ebs_gb
-    if config.target != "emr" or volume_gb is None:
+    if volume_gb is None:
         return
     share = least_run_bytes(config, sum(sizes.values()))["tfrecords_bytes"] / config.train.num_workers
     if share <= volume_gb * GB:

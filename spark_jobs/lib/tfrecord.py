@@ -229,7 +229,7 @@ class ShardWriter:
         self.file.abort()
 
 
-def iter_records(data: bytes, check_crc: bool = True) -> Iterator[bytes]:
+def iter_records(data: bytes) -> Iterator[bytes]:
     """The records of a TFRecord file's bytes; raises ValueError on a truncated or corrupt file."""
     position = 0
     while position < len(data):
@@ -242,12 +242,11 @@ def iter_records(data: bytes, check_crc: bool = True) -> Iterator[bytes]:
         if end > len(data):
             raise ValueError(f"truncated record at byte {position}")
         record = data[position + 12 : position + 12 + length]
-        if check_crc:
-            (data_crc,) = struct.unpack("<I", data[end - 4 : end])
-            if int(masked_crc(np.array([crc32c(header)]))[0]) != header_crc:
-                raise ValueError(f"bad length checksum at byte {position}")
-            if int(masked_crc(np.array([crc32c(record)]))[0]) != data_crc:
-                raise ValueError(f"bad data checksum at byte {position}")
+        (data_crc,) = struct.unpack("<I", data[end - 4 : end])
+        if int(masked_crc(np.array([crc32c(header)]))[0]) != header_crc:
+            raise ValueError(f"bad length checksum at byte {position}")
+        if int(masked_crc(np.array([crc32c(record)]))[0]) != data_crc:
+            raise ValueError(f"bad data checksum at byte {position}")
         yield record
         position = end
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import math
 import os
@@ -25,11 +24,12 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from spark_jobs.lib import lake, memory, train_data, train_state
+from spark_jobs.lib import embeddings, lake, memory, train_data, train_state
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import load_run_config
 from spark_jobs.lib.train_stats import IntervalStats, StepTimes, epochs_csv
+from spark_jobs.lib.windows import SPLITS
 
 EPOCHS_CSV = "stats/epochs.csv"
 # Exit code of a worker stopped by its settings (e.g. a diverging loss): a retry would fail the
@@ -106,7 +106,7 @@ class Worker:
             split: train_data.local_shards(
                 run, train_data.worker_shards(self.manifest, split, self.index, self.workers), local_dir
             )
-            for split in train_data.SPLITS
+            for split in SPLITS
         }
         with strategy.scope():
             self.model = build_decoder(
@@ -127,7 +127,7 @@ class Worker:
             self.warn(str(ignored))
         self.start_step = backup["step"] if backup else 0
         self.rows = backup["rows"] if backup else []
-        windows = sum(self.manifest["splits"][split]["windows"] for split in train_data.SPLITS) // self.workers
+        windows = sum(self.manifest["splits"][split]["windows"] for split in SPLITS) // self.workers
         self.in_memory = train_data.keep_in_memory(windows, self.block_size, self.memory_room_bytes())
         if not self.in_memory and self.is_chief:
             print(f"[train] {windows:,} windows per worker do not fit in memory: every pass reads them from local disk",
@@ -300,13 +300,13 @@ class Worker:
 
 def embedding_tables(config: PipelineConfig, run: str) -> tuple[np.ndarray | None, np.ndarray]:
     """The Word2Vec token vectors (None when disabled) and the position table."""
-    folder = lake.join(run, "embeddings")
+    folder = lake.join(run, embeddings.FOLDER)
 
     def load(name: str) -> np.ndarray:
-        return np.load(io.BytesIO(lake.read_bytes(lake.join(folder, name))))
+        return embeddings.read_npy(lake.join(folder, name))
 
-    token_vectors = load("token_vectors.npy") if config.embedding.word2vec.enabled else None
-    return token_vectors, load("positions.npy")
+    token_vectors = load(embeddings.TOKEN_VECTORS_FILE) if config.embedding.word2vec.enabled else None
+    return token_vectors, load(embeddings.POSITIONS_FILE)
 
 
 def configure_tensorflow(threads: int):
