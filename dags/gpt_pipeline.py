@@ -153,13 +153,7 @@ def run_local_stage(stage: str, run_dir: str) -> dict:
             if error.bad_input:  # fail without the retry, which would stop on the same input
                 raise AirflowFailException(str(error)) from error
             raise
-    return headline(lake.read_json(lake.stats_uri(run_dir, stage)))
-
-
-def headline(stats: dict) -> dict:
-    """The numbers and text at the top of a stage's stats: its XCom, which Airflow keeps in its
-    database, so not the lists that grow with the corpus (a window per document, a warning per file)."""
-    return {key: value for key, value in stats.items() if isinstance(value, (int, float, str))}
+    return local_runner.headline(lake.read_json(lake.stats_uri(run_dir, stage)))
 
 
 @task

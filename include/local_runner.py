@@ -52,14 +52,29 @@ class StageFailed(RuntimeError):
 
 
 def describe(stage: str, stats: dict) -> list[str]:
-    """Where a completed stage's outputs are and their counts, from its stats file."""
-    if "outputs" not in stats:
-        return [f"  {stage}: {stats}"]
+    """Where a completed stage's outputs are and their counts, from its stats file; for a stage
+    without outputs there (train, generate), its headline figures."""
     lines = [f"  {stage} ({stats.get('duration_s', '?')} s)"]
-    lines += [f"    {name}: {uri}" for name, uri in stats["outputs"].items()]
+    lines += [f"    {name}: {uri}" for name, uri in stats.get("outputs", {}).items()]
     for split, counts in stats.get("splits", {}).items():
-        lines.append(f"    {split}: " + ", ".join(f"{key} {value:,}" if isinstance(value, int) else f"{key} {value}" for key, value in counts.items()))
+        lines.append(f"    {split}: " + ", ".join(f"{key} {figure(value)}" for key, value in counts.items()))
+    if "outputs" not in stats:
+        figures = {key: value for key, value in headline(stats).items() if key not in ("stage", "duration_s")}
+        lines.append("    " + ", ".join(f"{key} {figure(value)}" for key, value in figures.items()))
     return lines
+
+
+def figure(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.4g}"
+
+
+def headline(stats: dict) -> dict:
+    """The numbers and text at the top of a stage's stats, not the lists that grow with the corpus
+    (a window per document, a warning per file): what the local runner prints, and the DAG's
+    task returns as its XCom, which Airflow keeps in its database."""
+    return {key: value for key, value in stats.items() if isinstance(value, (int, float, str))}
 
 
 def spark_env(jvm_options: tuple[str, ...] = ()) -> dict[str, str]:

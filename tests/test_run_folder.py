@@ -112,6 +112,19 @@ def test_the_done_line_counts_long_lists_instead_of_printing_them():
     }
 
 
+def test_the_local_runner_describes_each_stage_in_a_few_lines():
+    from include.local_runner import describe
+
+    export = {"duration_s": 2.5, "outputs": {"tfrecords": "file:///lake/runs/r/tfrecords"},
+              "splits": {"train": {"windows": 12345, "chars": 9000}}}  # fmt: skip
+    assert describe("export", export) == [
+        "  export (2.5 s)", "    tfrecords: file:///lake/runs/r/tfrecords", "    train: windows 12,345, chars 9,000"
+    ]
+    train = {"stage": "train", "duration_s": 11.8, "steps": 300, "final_val_loss": 4.378682374954224,
+             "worker_results": [{"worker": 0}, {"worker": 1}], "warnings": ["short"], "resumed": False}  # fmt: skip
+    assert describe("train", train) == ["  train (11.8 s)", "    steps 300, final_val_loss 4.379, resumed False"]
+
+
 def test_a_run_folder_used_again_is_no_longer_a_collected_run(tmp_path):
     """Its report goes as soon as a command takes it up again, so prune_runs leaves it alone."""
     run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
