@@ -6,6 +6,8 @@ starts: a DAG that fails to parse only leaves its reason in the DAG processor's 
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from spark_jobs.lib.config import ConfigError
 
 
@@ -14,7 +16,10 @@ def cron_timetable(schedule: str):
     from airflow.sdk import CronTriggerTimetable
     from airflow.sdk.exceptions import AirflowTimetableInvalid
 
-    timetable = CronTriggerTimetable(schedule, timezone="UTC")
+    # A zero run_immediately: the first run is the next time, never a past one. Airflow 3.3 takes the
+    # default (False) as None, which runs a time up to a tenth of the interval (at least 5 minutes)
+    # past at once: with @daily a DAG deployed at 02:00 would start a run (on EMR a cluster) there.
+    timetable = CronTriggerTimetable(schedule, timezone="UTC", run_immediately=timedelta(0))
     try:
         timetable.validate()
     except AirflowTimetableInvalid as error:

@@ -91,17 +91,26 @@ def test_schedule_from_config_adds_a_cron_or_preset_to_the_corpus_asset(dag_modu
         dag_module.retraining_schedule(load_config(overrides=["schedule=every monday"]))
 
 
-def test_a_new_schedule_waits_for_its_next_time_instead_of_starting_a_run_at_once(tmp_path, monkeypatch):
-    """Turning a schedule on (or deploying the DAG with one) must not start a run, and on EMR a cluster, at once."""
+@pytest.mark.parametrize(
+    "schedule, now, first",
+    [("@weekly", "2026-11-22T00:30:00", "2026-11-29T00:00:00"),  # 30 min past Sunday's tick
+     ("@daily", "2026-11-23T02:00:00", "2026-11-24T00:00:00"),
+     ("*/5 * * * *", "2026-11-23T07:56:02", "2026-11-23T08:00:00")],
+)  # fmt: skip
+def test_a_new_schedule_waits_for_its_next_time_instead_of_starting_a_run_at_once(tmp_path, monkeypatch, schedule, now, first):
+    """Turning a schedule on (or deploying the DAG with one) must not start a run, and on EMR a cluster, at
+    once, however shortly after a scheduled time it happens."""
     from airflow.serialization.serialized_objects import DagSerialization
+    from airflow.timetables import trigger
 
-    weekly = tmp_path / "pipeline.yaml"
-    weekly.write_text(yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"schedule": "@weekly"})))
-    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(weekly))
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"schedule": schedule})))
+    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(config))
+    monkeypatch.setattr(trigger, "utcnow", lambda: datetime.fromisoformat(now).replace(tzinfo=timezone.utc))
     dag = DagSerialization.from_dict(DagSerialization.to_dict(runpy.run_path(str(REPO_ROOT / "dags" / "gpt_pipeline.py"))["dag"]))
-    first = dag.next_dagrun_info(last_automated_run_info=None)
-    assert datetime.now(timezone.utc) < first.run_after <= datetime.now(timezone.utc) + timedelta(weeks=1)
-    assert first.run_after.weekday() == 6 and (first.run_after.hour, first.run_after.minute) == (0, 0)  # Sunday 00:00 UTC
+    assert dag.next_dagrun_info(last_automated_run_info=None).run_after == datetime.fromisoformat(first).replace(
+        tzinfo=timezone.utc
+    )
 
 
 def test_form_shows_the_yaml_defaults(dag):
