@@ -141,9 +141,21 @@ def validate_config_for_emr() -> dict:
     return emr_tasks.prepare(config, run_id, CONFIG)
 
 
+def require_run_folder(run_dir: str, hook) -> None:
+    """A run folder that is gone fails the task without its retry, which would fail the same way
+    and hold the one active run meanwhile: keep_runs removes older collected runs, whose tasks may
+    still be cleared in the UI."""
+    if not RunFolder(run_dir, hook).has(lake.CONFIG_FILE):
+        raise AirflowFailException(
+            f"run folder {run_dir} is gone (keep_runs removes older collected runs) or was never made: "
+            "trigger a new run instead"
+        )
+
+
 @task
 def run_local_stage(stage: str, run_dir: str) -> dict:
     """spark-submit one stage on local Spark; returns the headline figures of the stage's stats."""
+    require_run_folder(run_dir, hook=None)
     config = load_run_config(run_dir)
     with packaged_code() as code_dir:
         try:
@@ -164,6 +176,7 @@ def collect(run_dir: str, cluster_id: str | None = None) -> dict:
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     s3 = S3Hook(aws_conn_id=AWS_CONN_ID)
+    require_run_folder(run_dir, s3)
     extra = {}
     if cluster_id:
         config = from_json(RunFolder(run_dir, s3).read(lake.CONFIG_FILE).decode("utf-8"))
@@ -197,7 +210,9 @@ def prune_runs(run_dir: str) -> list[str]:
     """With keep_runs set, remove this run name's older collected run folders from the lake."""
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-    removed = remove_old_runs(run_dir, S3Hook(aws_conn_id=AWS_CONN_ID))
+    s3 = S3Hook(aws_conn_id=AWS_CONN_ID)
+    require_run_folder(run_dir, s3)
+    removed = remove_old_runs(run_dir, s3)
     for uri in removed:
         log.info("removed %s (keep_runs; its record stays where collect copied it)", uri)
     return removed

@@ -265,8 +265,9 @@ def remove_old_runs(run_dir: str, hook) -> list[str]:
     """With keep_runs set, remove the lake's run folders of this run's name and corpus that collect
     finished, all but the newest keep_runs (this run among them), and return them. Runs without a report
     (unfinished, or being run again), runs of other names or corpora and folders it cannot read (logged) are
-    left alone; records on S3 stay. A removal that stopped halfway (its folder holds REMOVING) is
-    finished."""
+    left alone, and so is the run whose model the latest pointer names (s3.promote: if_better may
+    keep an older one); records on S3 stay. A removal that stopped halfway (its folder holds
+    REMOVING) is finished."""
     run = RunFolder(run_dir, hook)
     config = run.config()
     if config.keep_runs is None:
@@ -283,8 +284,12 @@ def remove_old_runs(run_dir: str, hook) -> list[str]:
         except (OSError, ValueError, AttributeError) as error:  # another's folder must not stop this run's prune
             log.warning("keep_runs: left %s alone, it cannot be read: %s", folder.uri, error)
     others.sort(key=lambda item: item[0], reverse=True)
+    old = [folder for _, folder in others[config.keep_runs - 1 :]]
+    served = latest_run(config, hook)
+    if served in [folder.name for folder in old]:
+        log.info("keep_runs: kept %s, whose model the latest pointer names", served)
     removed = []
-    for folder in [folder for _, folder in others[config.keep_runs - 1 :]] + unfinished_removals:
+    for folder in [folder for folder in old if folder.name != served] + unfinished_removals:
         try:
             with locks.run_folder_held(folder.uri, "prune_runs"):
                 folder.delete()
@@ -292,6 +297,14 @@ def remove_old_runs(run_dir: str, hook) -> list[str]:
         except locks.InUse as error:  # being run again: no longer a collected run to prune
             log.warning("keep_runs: left %s alone: %s", folder.uri, error)
     return removed
+
+
+def latest_run(config, hook) -> str | None:
+    """The run folder name whose model the run name's latest pointer names, if there is one."""
+    key = latest_key(config)
+    if not hook.check_for_key(key, bucket_name=config.s3.bucket):
+        return None
+    return json.loads(hook.read_key(key, bucket_name=config.s3.bucket))["run"]
 
 
 def collected_lineage(run: RunFolder) -> tuple[str, list[str]] | None:

@@ -158,3 +158,15 @@ def test_form_values_become_config_fields():
 def test_bad_form_values_name_the_field(values, message):
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=trigger_form.overrides(values))
+
+
+@pytest.mark.parametrize("task", ["run_local_stage", "collect", "prune_runs"])
+def test_a_task_of_a_run_whose_folder_is_gone_fails_without_its_retry(dag_module, tmp_path, task):
+    """keep_runs removed the folder; clearing the run's tasks in the UI must not retry them in vain."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    gone = f"file://{tmp_path}/lake/runs/books-old"
+    arguments = ("generate", gone) if task == "run_local_stage" else (gone,)
+    with pytest.raises(AirflowFailException, match=f"run folder {gone} is gone \\(keep_runs removes older"):
+        getattr(dag_module, task).function(*arguments)
+

@@ -366,6 +366,21 @@ def test_a_run_folder_in_use_is_not_pruned(s3, hook, tmp_path, caplog):
     assert not lake.exists(old)
 
 
+def test_the_run_folder_latest_points_at_is_kept_whatever_its_age(s3, hook, tmp_path, caplog):
+    """With s3.promote: if_better the served model may be older than the newest keep_runs runs: its
+    folder stays (under make airflow, the S3 record ends with the command)."""
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=served", "keep_runs=1",
+                                    "s3.promote=if_better"])  # fmt: skip
+    best, worse, newest = (lake.run_dir(config, run_id) for run_id in ("served-best", "served-worse", "served-new"))
+    for run_dir, nats_per_char in ((best, 0.8), (worse, 1.5), (newest, 1.4)):
+        finished_run(s3, run_dir, run_files(config.to_json(), nats_per_char))
+        promote_record(collect_record(run_dir, hook, STAGES)["s3_uri"], hook)
+    assert latest(s3, "served")["run"] == "served-best"
+    assert remove_old_runs(newest, hook) == [worse]
+    assert lake.exists(lake.join(best, "report.json"))
+    assert "keep_runs: kept served-best, whose model the latest pointer names" in caplog.text
+
+
 def test_reports_of_an_older_version_are_ordered_by_their_files_time(s3, hook, tmp_path):
     """Their reports hold no collected_at: the report file's time stands in for it."""
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=books", "keep_runs=2"])
