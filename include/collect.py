@@ -238,17 +238,17 @@ def check_bucket(hook, bucket: str, setting: str) -> str:
 
 def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | None = None) -> dict:
     """Copy the run's record to S3, then the report (written last: its presence means complete);
-    the run folder gets the report too (a stage that runs again there removes it). `extra` goes
+    the run folder gets the report too (a command that uses the folder again removes it). `extra` goes
     into the report as it is (on EMR: the cluster and its steps, under "emr")."""
     run = RunFolder(run_dir, hook)
     config = run.config()
     bucket = check_bucket(hook, config.s3.bucket, "s3.bucket")
     prefix = posixpath.join(config.s3.prefix.strip("/"), run.name)
-    files, record = record_files(run), RunFolder(f"s3://{bucket}/{prefix}", hook)
+    paths, record = record_files(run), RunFolder(f"s3://{bucket}/{prefix}", hook)
     record.remove(REPORT_JSON, REPORT_TEXT)  # a record collected before is not whole until its new report is in
-    for path in files:
+    for path in paths:
         hook.load_bytes(run.read(path), key=f"{prefix}/{path}", bucket_name=bucket, replace=True)
-    record.remove(*[path for path in record.files() if path not in files])  # an earlier collect's, gone from the run
+    record.remove(*[path for path in record.files() if path not in paths])  # an earlier collect's, gone from the run
     report = build_report(run, f"s3://{bucket}/{prefix}/", stages) | (extra or {})
     files = {REPORT_TEXT: report_text(report), REPORT_JSON: json.dumps(report, indent=2)}
     for name, text in files.items():
