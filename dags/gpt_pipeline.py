@@ -58,7 +58,7 @@ from include.spark_submit import STAGES, packaged_code
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import (
-    DAG_SETTINGS, ConfigError, PipelineConfig, defaults_path, from_json, load_config, read_yaml, setting,
+    DAG_SETTINGS, ConfigError, PipelineConfig, defaults_path, load_config, read_yaml, setting,
 )
 from spark_jobs.lib.errors import name_some
 from spark_jobs.lib.stage import load_run_config
@@ -179,7 +179,7 @@ def collect(run_dir: str, cluster_id: str | None = None) -> dict:
     require_run_folder(run_dir, s3)
     extra = {}
     if cluster_id:
-        config = from_json(RunFolder(run_dir, s3).read(lake.CONFIG_FILE).decode("utf-8"))
+        config = RunFolder(run_dir, s3).config()
         client = EmrHook(aws_conn_id=config.emr.aws_conn_id, region_name=config.emr.region).conn
         extra["emr"] = emr.cluster_record(client, cluster_id, config)
     report = collect_record(run_dir, s3, STAGES, extra)

@@ -26,7 +26,6 @@ from spark_jobs.lib.stage import run_stage
 from spark_jobs.lib.train_state import MODEL_DIR, MODEL_FILE, TOKENIZER_FILE
 
 
-
 def load_model(model_folder: str):
     """The Keras model and the tokenizer saved by the train stage, from a model folder's path or URI."""
     import keras
