@@ -130,10 +130,16 @@ def test_only_ids_the_tokenizer_knows_are_drawn(model_dir, monkeypatch):
     assert sizes and set(sizes) == {tokenizer.get_vocab_size()}
 
 
-def test_context_longer_than_the_block_is_cropped(model_dir):
+def test_context_longer_than_the_block_is_cropped_to_its_last_tokens(model_dir):
     model, tokenizer = load_model(model_dir.as_uri())
-    text = generate(model, tokenizer, settings(prompt="To be, or not to be: " * 4, max_new_tokens=12, strategy="greedy"))
-    assert len(tokenizer.encode(text).ids) >= 12 + 8
+    spy, prompt = ModelSpy(model), "To be, or not to be: " * 4
+    generate(spy, tokenizer, settings(prompt=prompt, max_new_tokens=12, strategy="greedy"))
+    block_size = model.get_layer("embedding").block_size  # 8
+    assert len(tokenizer.encode(prompt).ids) > block_size and len(spy.contexts) == 12
+    # Each draw sees the last block_size ids: the prompt's last ones, then each context moves on by the token drawn.
+    assert spy.contexts[0] == tokenizer.encode(prompt).ids[-block_size:]
+    for before, after in zip(spy.contexts, spy.contexts[1:]):
+        assert len(after) == block_size and after[:-1] == before[1:]
 
 
 def test_a_folder_without_a_model_is_named(tmp_path):

@@ -28,6 +28,7 @@ from spark_jobs.generate import load_model
 from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import REPO_ROOT, load_config
 from spark_jobs.lib.train_state import BACKUP
+from spark_jobs.lib.trainer import build_optimizer
 from spark_jobs.lib.train_stats import EPOCH_COLUMNS
 from tests.conftest import small_config
 
@@ -100,7 +101,15 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     first, last = rows[0], rows[-1]
     assert float(last["train_loss"]) < float(first["train_loss"])
     assert float(last["val_loss"]) < float(first["val_loss"])
+    # The training loss is the whole batch's mean, not the sum of the workers' (which would be twice it).
+    assert all(0.7 < float(row["train_loss"]) / float(row["val_loss"]) < 1.4 for row in rows)
+    # Each row's learning rate is the one its last step used (optimizer iteration step - 1).
+    _, schedule = build_optimizer(config)
+    expected_rates = [float(schedule(19)), float(schedule(39))]
+    assert [float(row["learning_rate"]) for row in rows] == pytest.approx(expected_rates, rel=2e-3)  # the CSV rounds
     assert float(last["val_nats_per_char"]) == pytest.approx(stats["final_val_nats_per_char"], rel=1e-5)
+    # The last evaluation scores every validation window once, whatever passes came before it.
+    assert float(last["val_loss"]) == pytest.approx(whole_split_loss(run), rel=2e-5)
     assert float(first["grad_norm_min"]) <= float(first["grad_norm_mean"]) <= float(first["grad_norm_max"])
     # The first step, which compiles, is timed apart (tests/test_train_inputs.py: left out of tokens/s).
     assert stats["compile_s"] > 0 and stats["tokens_per_s"] > 0 and float(first["tokens_per_s"]) > 0
@@ -124,6 +133,23 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     assert sample.startswith(config.generate.prompt) and len(sample) > len(config.generate.prompt) + 5
     submit_stage("generate", config, run, code)
     assert lake.read_text(lake.join(run, "samples.txt")) == sample
+
+
+def whole_split_loss(run: str) -> float:
+    """The saved model's mean loss per token over every validation window, each once."""
+    import tensorflow as tf
+
+    from spark_jobs.lib.tfrecord import decode_example, iter_records
+
+    model, _ = load_model(lake.join(run, "model"))
+    manifest = lake.read_json(lake.join(run, lake.MANIFEST_PATH))
+    windows = [decode_example(record) for shard in manifest["splits"]["val"]["shards"]
+               for record in iter_records(lake.read_bytes(lake.join(run, "tfrecords", shard)))]  # fmt: skip
+    assert len(windows) == manifest["splits"]["val"]["windows"]
+    inputs = np.stack([window["input_ids"] for window in windows]).astype(np.int32)
+    targets = np.stack([window["target_ids"] for window in windows]).astype(np.int32)
+    logits = model(inputs, training=False)
+    return float(tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)))
 
 
 def run_processes(run: str) -> list[psutil.Process]:

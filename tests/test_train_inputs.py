@@ -16,10 +16,13 @@ from tests.conftest import new_run, small_config
 
 
 def manifest(shards: int = 4, windows: int = 100, block_size: int = 32, val_windows: int | None = None) -> dict:
-    split = lambda name: {  # noqa: E731
-        "windows": val_windows if name == "val" and val_windows is not None else windows, "tokens": 1000, "chars": 3000,
-        "shards": [f"{name}/part-{index:05d}.tfrecord" for index in range(shards)],
-    }  # fmt: skip
+    def split(name: str) -> dict:
+        count = val_windows if name == "val" and val_windows is not None else windows
+        return {
+            "windows": count, "tokens": 1000, "chars": 3000,
+            "shards": [f"{name}/part-{index:05d}.tfrecord" for index in range(shards)],
+            "shard_windows": [count // shards + (index < count % shards) for index in range(shards)],
+        }  # fmt: skip
     return {"block_size": block_size, "vocab_size": 512, "num_shards": shards,
             "splits": {"train": split("train"), "val": split("val")}}  # fmt: skip
 
@@ -52,6 +55,9 @@ def test_a_matching_manifest_is_accepted(run_with):
         (manifest(windows=5), "the train split has 5 windows, fewer than train.batch_size 32"),
         (manifest(val_windows=3), "the val split has 3 windows, fewer than its 4 shards, so some of the 2 workers"),
         ({"block_size": 32}, "lacks vocab_size, num_shards, splits"),
+        ({**manifest(), "splits": {"train": manifest()["splits"]["train"],
+                                   "val": {**manifest()["splits"]["val"], "shard_windows": [25, 25]}}},
+         r"lacks the val shards' window counts \(shard_windows\): re-run the export stage"),
     ],
 )
 def test_a_manifest_that_does_not_fit_is_named(run_with, content, message):
@@ -76,12 +82,12 @@ def test_each_worker_reads_every_w_th_shard():
 
 def test_an_interval_row_summarises_its_steps():
     stats = IntervalStats()
-    for loss, norm in [(3.0, 1.0), (2.0, 3.0)]:
+    for loss, norm in [(3.0, 1.0), (2.0, 5.0)]:
         stats.add_step(loss, 0.5, norm, seconds=0.5)
     row = stats.row(epoch=1, step=2, duration_s=1.5, tokens_per_step=100, learning_rate=0.001, val_loss=2.0,
                     val_accuracy=0.4, tokens=1000, chars=4000, workers=2, resumed_from_step=0)  # fmt: skip
     assert row["train_loss"] == 2.5 and row["tokens_per_s"] == 200
-    assert (row["grad_norm_min"], row["grad_norm_mean"], row["grad_norm_max"], row["grad_norm_var"]) == (1, 2, 3, 1)
+    assert (row["grad_norm_min"], row["grad_norm_mean"], row["grad_norm_max"], row["grad_norm_var"]) == (1, 3, 5, 4)
     assert row["val_nats_per_char"] == nats_per_char(2.0, 1000, 4000) == 0.5
     assert row["val_bits_per_char"] == pytest.approx(0.5 / np.log(2))
     assert row["val_perplexity"] == pytest.approx(np.exp(2.0))
@@ -123,13 +129,17 @@ def test_streamed_windows_give_the_same_batches_as_windows_kept_in_memory(tmp_pa
     path = tmp_path / "part-00000.tfrecord"
     path.write_bytes(tfrecord.windows_to_tfrecord_bytes(windows))
 
-    def first_batches(in_memory: bool, take: int = 60) -> list[np.ndarray]:
-        batches = train_data.train_batches([str(path)], block_size, 16, seed=3, skip_batches=2, in_memory=in_memory)
+    def first_batches(in_memory: bool, take: int = 60, skip: int = 2) -> list[np.ndarray]:
+        batches = train_data.train_batches([str(path)], block_size, 16, seed=3, skip_batches=skip, in_memory=in_memory)
         return [inputs.numpy() for inputs, _ in batches.take(take)]  # 60 batches: more than three passes
 
     kept, streamed = first_batches(True), first_batches(False)
     assert len(kept) == 60 and all(np.array_equal(a, b) for a, b in zip(kept, streamed))
-    evaluated = {flag: [t.numpy() for _, t in train_data.eval_batches([str(path)], block_size, 16, flag).take(3)]
+    # A run resumed after 2 steps takes the batches the uninterrupted run would take next.
+    uninterrupted = first_batches(True, take=62, skip=0)
+    assert all(np.array_equal(a, b) for a, b in zip(kept, uninterrupted[2:]))
+    assert not np.array_equal(kept[0], uninterrupted[0])
+    evaluated = {flag: [t.numpy() for _, t, _ in train_data.eval_batches([str(path)], block_size, 16, flag).take(3)]
                  for flag in (True, False)}  # fmt: skip
     assert all(np.array_equal(a, b) for a, b in zip(*evaluated.values()))
     np.testing.assert_array_equal(evaluated[False][0], windows[:16, 1:])
@@ -150,9 +160,35 @@ def test_the_last_evaluation_covers_the_validation_split_up_to_twenty_evaluation
     from spark_jobs.lib.trainer import Worker
 
     config = small_config(tmp_path, shakespeare_slice, ["train.batch_size=16", "train.eval_batches=4"])
-    worker = lambda val_windows: SimpleNamespace(config=config, manifest=manifest(val_windows=val_windows))  # noqa: E731
-    assert Worker.final_eval_batches(worker(val_windows=70)) == 5  # ceil(70 / 16): the whole split
-    assert Worker.final_eval_batches(worker(val_windows=1_000_000)) == 80 == config.train.final_eval_max_batches
+
+    def worker(val_windows: int, shard_windows: list[int] | None = None):
+        content = manifest(val_windows=val_windows)
+        content["splits"]["val"]["shard_windows"] = shard_windows or content["splits"]["val"]["shard_windows"]
+        return SimpleNamespace(config=config, manifest=content, workers=2, per_worker_batch=8)
+
+    # 70 windows in 4 shards (18, 18, 17, 17): worker 0 reads shards 0 and 2 (35), worker 1 the others (35).
+    assert Worker.final_eval_batches(worker(70)) == 5  # ceil(35 / 8): the whole split
+    # Uneven shards: every worker takes as many batches as the one with the most windows needs.
+    assert Worker.final_eval_batches(worker(40, shard_windows=[30, 0, 10, 0])) == 5  # ceil(40 / 8), not 40 / 16
+    assert Worker.final_eval_batches(worker(1_000_000)) == 80 == config.train.final_eval_max_batches
+
+
+def test_the_whole_split_pass_scores_each_window_once_and_pads_with_weight_zero(tmp_path):
+    """Workers with unequal windows take the same number of full batches; padding weighs nothing."""
+    from spark_jobs.lib import tfrecord
+
+    windows = np.arange(13 * 5).reshape(13, 5)  # 13 windows of block_size 4
+    path = tmp_path / "part-00000.tfrecord"
+    path.write_bytes(tfrecord.windows_to_tfrecord_bytes(windows))
+    batches = list(train_data.whole_split_batches([str(path)], 4, batch_size=4, batches=5).as_numpy_iterator())
+    assert len(batches) == 5 and all(len(inputs) == 4 for inputs, _, _ in batches)
+    inputs = np.concatenate([inputs for inputs, _, _ in batches])
+    weights = np.concatenate([weights for _, _, weights in batches])
+    np.testing.assert_array_equal(inputs[:13], windows[:, :-1])
+    assert weights.tolist() == [1.0] * 13 + [0.0] * 7
+    # Fewer batches than the windows need: the first windows, once each (the limit of a large split).
+    limited = list(train_data.whole_split_batches([str(path)], 4, batch_size=4, batches=2).as_numpy_iterator())
+    np.testing.assert_array_equal(np.concatenate([inputs for inputs, _, _ in limited]), windows[:8, :-1])
 
 
 def test_a_backup_is_resumed_whatever_the_loop_reports_evaluates_or_backs_up(tmp_path, shakespeare_slice):
@@ -218,3 +254,43 @@ def test_a_local_lakes_shards_are_read_in_place_and_an_s3_lakes_are_copied(tmp_p
         paths = train_data.local_shards(s3_run, shards, copies)
     assert paths == [str(copies / shard) for shard in shards]
     assert [Path(path).read_bytes() for path in paths] == [shard.encode() for shard in shards]
+
+
+def test_the_learning_rate_warms_up_from_the_first_step_and_decays_to_its_minimum(tmp_path, shakespeare_slice):
+    from spark_jobs.lib.trainer import build_optimizer
+
+    config = small_config(tmp_path, shakespeare_slice, [
+        "train.learning_rate=0.001", "train.min_learning_rate=0.0001", "train.warmup_steps=9", "train.max_steps=100",
+    ])  # fmt: skip
+    _, schedule = build_optimizer(config)
+    rates = [float(schedule(iteration)) for iteration in range(101)]  # iteration i: the optimizer's (i + 1)-th step
+    # nanoGPT's warm-up, lr * (it + 1) / (warmup + 1): no step is lost at a rate of 0.
+    assert rates[0] == pytest.approx(0.001 / 10) and rates[4] == pytest.approx(0.001 / 2)
+    assert rates[9] == pytest.approx(0.001) and rates[100] == pytest.approx(0.0001)
+    assert all(rates[i] > rates[i + 1] for i in range(9, 100))
+
+
+def test_a_backup_restores_the_dropout_layers_random_state_with_the_weights(tmp_path, shakespeare_slice):
+    """A run resumed with dropout draws the masks the uninterrupted run would have drawn."""
+    from spark_jobs.lib import train_state
+    from spark_jobs.lib.model import build_decoder
+    from spark_jobs.lib.trainer import build_optimizer
+
+    config = small_config(tmp_path, shakespeare_slice)
+    run, identity = tmp_path.as_uri(), {"fingerprint": "same", "settings": {}}
+
+    def model_and_optimizer():
+        model = build_decoder(vocab_size=50, block_size=8, dim=16, n_layer=1, n_head=2, mlp_ratio=4, dropout=0.5)
+        optimizer, _ = build_optimizer(config)
+        optimizer.build(model.trainable_variables)
+        return model, optimizer
+
+    inputs = np.arange(16).reshape(2, 8) % 50
+    model, optimizer = model_and_optimizer()
+    model(inputs, training=True)  # draws masks: the random state moves on
+    train_state.save_backup(run, 3, model, optimizer, [], identity)
+    expected = model(inputs, training=True).numpy()
+
+    resumed, resumed_optimizer = model_and_optimizer()
+    assert train_state.load_backup(run, resumed, resumed_optimizer, identity)["step"] == 3
+    np.testing.assert_array_equal(resumed(inputs, training=True).numpy(), expected)

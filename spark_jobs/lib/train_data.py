@@ -28,6 +28,8 @@ def read_manifest(run: str, config: PipelineConfig) -> dict:
         info = manifest["splits"].get(split)
         if not info or not info.get("shards"):
             raise PipelineError(f"{uri} lists no {split} shards")
+        if len(info.get("shard_windows", [])) != len(info["shards"]):
+            raise PipelineError(f"{uri} lacks the {split} shards' window counts (shard_windows): re-run the export stage")
         if len(info["shards"]) % workers:
             raise PipelineError(
                 f"{uri}: {len(info['shards'])} {split} shards cannot be split evenly across {workers} workers"
@@ -101,8 +103,25 @@ def train_batches(files: list[str], block_size: int, batch_size: int, seed: int,
 
 def eval_batches(files: list[str], block_size: int, batch_size: int, in_memory: bool):
     """The validation windows in order, repeated, so every worker can always take the same number
-    of batches (collective ops need every worker to run the same steps)."""
+    of batches (collective ops need every worker to run the same steps); each window weighs 1."""
     import tensorflow as tf
 
-    windows = windows_dataset(files, block_size, in_memory)
+    windows = windows_dataset(files, block_size, in_memory).map(lambda inputs, targets: (inputs, targets, 1.0))
     return windows.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def whole_split_batches(files: list[str], block_size: int, batch_size: int, batches: int):
+    """Each of the worker's validation windows once, in order, then blank windows of weight 0 up to
+    `batches` full batches: every worker runs the same steps, and no window is scored twice."""
+    import tensorflow as tf
+
+    windows = windows_dataset(files, block_size, in_memory=False).map(lambda inputs, targets: (inputs, targets, 1.0))
+    blank = tf.zeros([block_size], tf.int32)
+    padding = tf.data.Dataset.from_tensors((blank, blank, 0.0)).repeat()
+    return windows.concatenate(padding).take(batches * batch_size).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def most_windows_per_worker(manifest: dict, split: str, workers: int) -> int:
+    """The windows of the worker with the most of a split (worker i reads shards i, i+W, ...)."""
+    counts = manifest["splits"][split]["shard_windows"]
+    return max(sum(counts[worker::workers]) for worker in range(workers))

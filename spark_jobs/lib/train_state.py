@@ -1,6 +1,7 @@
 """Training-state backups in the run folder (for resuming) and the saved model.
 
-A backup is one .npz with the model's and the optimizer's variables, the step and the stats rows
+A backup is one .npz with the model's variables (its weights and its dropout layers' random
+state) and the optimizer's, the step and the stats rows
 so far, written whole by the chief. It only exists while a training is unfinished: the train
 stage's driver removes it once the stage is complete (spark_jobs.lib.stage.run_stage), so a later
 train stage starts over, while a failure before that (another worker, saving, the driver) resumes.
@@ -31,7 +32,7 @@ class OtherSettings(Exception):
 
 def save_backup(run: str, step: int, model, optimizer, rows: list[dict], identity: dict) -> None:
     """`identity`: the fingerprint a training must have to resume the backup, and its settings."""
-    arrays = {f"model_{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}
+    arrays = {f"model_{i}": v.numpy() for i, v in enumerate(model.variables)}
     arrays |= {f"optimizer_{i}": v.numpy() for i, v in enumerate(optimizer.variables)}
     meta = {"step": step, "rows": rows, **identity}
     buffer = io.BytesIO()
@@ -52,9 +53,13 @@ def load_backup(run: str, model, optimizer, identity: dict) -> dict | None:
                 f"ignoring the training backup {uri} (step {meta['step']}): it was taken with "
                 f"{differences(meta, identity['settings'])}; training starts from step 0"
             )
-        model.set_weights([saved[f"model_{i}"] for i in range(len(model.weights))])
-        for i, variable in enumerate(optimizer.variables):
-            variable.assign(saved[f"optimizer_{i}"])
+        variables = {f"{prefix}_{i}": variable for prefix, of in (("model", model), ("optimizer", optimizer))
+                     for i, variable in enumerate(of.variables)}  # fmt: skip
+        if set(variables) != set(saved.files) - {"meta"}:
+            raise OtherSettings(f"ignoring the training backup {uri} (step {meta['step']}): it holds other variables "
+                                "than this model and optimizer; training starts from step 0")
+        for name, variable in variables.items():
+            variable.assign(saved[name])
     return meta
 
 

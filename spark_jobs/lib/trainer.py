@@ -73,8 +73,9 @@ def build_optimizer(config: PipelineConfig):
             return list(grads_and_vars)
 
     train = config.train
+    # Warm-up from learning_rate / (warmup_steps + 1) at the first step, as nanoGPT's: a first step at 0 would be lost.
     schedule = keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0,
+        initial_learning_rate=train.learning_rate / (train.warmup_steps + 1),
         decay_steps=max(1, train.max_steps - train.warmup_steps),
         alpha=train.min_learning_rate / train.learning_rate,
         warmup_target=train.learning_rate,
@@ -102,7 +103,7 @@ class Worker:
         self.manifest = train_data.read_manifest(run, config)
         self.block_size = self.manifest["block_size"]
         self.per_worker_batch = config.train.batch_size // self.workers
-        files = {
+        self.files = files = {
             split: train_data.local_shards(
                 run, train_data.worker_shards(self.manifest, split, self.index, self.workers), local_dir
             )
@@ -164,23 +165,25 @@ class Worker:
         tf, model, workers = self.tf, self.model, self.workers
         clip = self.config.train.grad_clip
 
-        def loss_and_accuracy(logits, targets):
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits))
-            accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), targets), tf.float32))
-            return loss, accuracy
+        def token_losses_and_hits(logits, targets):
+            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+            return losses, tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), targets), tf.float32)
 
         @tf.function(jit_compile=True)
         def forward_backward(inputs, targets):
             with tf.GradientTape() as tape:
-                loss, accuracy = loss_and_accuracy(model(inputs, training=True), targets)
-                share = loss / workers  # summed over workers: the gradient of the whole batch's mean loss
+                losses, hits = token_losses_and_hits(model(inputs, training=True), targets)
+                share = tf.reduce_mean(losses) / workers  # summed over workers: the gradient of the whole batch's mean loss
             grads = tape.gradient(share, model.trainable_variables)
             # Dense (the embedding's gradient comes as IndexedSlices), for one packed all-reduce.
-            return share, accuracy / workers, [tf.convert_to_tensor(g) for g in grads]
+            return share, tf.reduce_mean(hits) / workers, [tf.convert_to_tensor(g) for g in grads]
 
         @tf.function(jit_compile=True)
-        def forward(inputs, targets):
-            return loss_and_accuracy(model(inputs, training=False), targets)
+        def forward(inputs, targets, weights):
+            """Sums over the windows, each counted with its weight (0: padding), and the tokens counted."""
+            losses, hits = token_losses_and_hits(model(inputs, training=False), targets)
+            weights = tf.broadcast_to(weights[:, None], tf.shape(losses))
+            return tf.reduce_sum(losses * weights), tf.reduce_sum(hits * weights), tf.reduce_sum(weights)
 
         def replica_train_step(inputs, targets):
             loss, accuracy, grads = forward_backward(inputs, targets)
@@ -192,25 +195,33 @@ class Worker:
             self.optimizer.apply(grads, model.trainable_variables)
             return summed[-2], summed[-1], norm
 
-        def replica_eval_step(inputs, targets):
-            loss, accuracy = forward(inputs, targets)
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, [loss, accuracy])
+        def replica_eval_step(inputs, targets, weights):
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, list(forward(inputs, targets, weights)))
 
         def local(values):
             return [self.strategy.experimental_local_results(value)[0] for value in values]
 
         self.train_step = tf.function(lambda: local(self.strategy.run(replica_train_step, args=next(self.train_iterator))))
-        self.eval_step = tf.function(lambda: local(self.strategy.run(replica_eval_step, args=next(self.val_iterator))))
+        self.eval_step_of = lambda iterator: tf.function(lambda: local(self.strategy.run(replica_eval_step, args=next(iterator))))
+        self.eval_step = self.eval_step_of(self.val_iterator)
 
-    def evaluate(self, batches: int) -> tuple[float, float]:
-        results = np.array([[float(value) for value in self.eval_step()] for _ in range(batches)])
-        loss, accuracy = results.mean(axis=0)
-        return float(loss), float(accuracy)
+    def evaluate(self, eval_step, batches: int) -> tuple[float, float]:
+        """Mean loss and accuracy per predicted token over `batches` batches of every worker."""
+        loss, hits, tokens = np.sum([[float(value) for value in eval_step()] for _ in range(batches)], axis=0)
+        return float(loss / tokens), float(hits / tokens)
 
     def final_eval_batches(self) -> int:
-        """About one pass over the whole validation split, up to 20 x train.eval_batches batches."""
-        whole = max(1, math.ceil(self.manifest["splits"]["val"]["windows"] / self.config.train.batch_size))
-        return min(whole, self.config.train.final_eval_max_batches)
+        """Batches per worker for one pass over the whole validation split, up to 20 x train.eval_batches."""
+        windows = train_data.most_windows_per_worker(self.manifest, "val", self.workers)
+        return min(max(1, math.ceil(windows / self.per_worker_batch)), self.config.train.final_eval_max_batches)
+
+    def evaluate_whole_split(self) -> tuple[float, float]:
+        """Every validation window once (within the limit of final_eval_batches), whatever passes came before."""
+        batches = self.final_eval_batches()
+        iterator = self._distributed(
+            lambda: train_data.whole_split_batches(self.files["val"], self.block_size, self.per_worker_batch, batches)
+        )
+        return self.evaluate(self.eval_step_of(iterator), batches)
 
     def train(self) -> dict:
         train = self.config.train
@@ -256,7 +267,7 @@ class Worker:
         """Evaluate (on the whole validation split after the last step, within a limit) and add
         the interval's row to stats/epochs.csv."""
         split = self.manifest["splits"]["val"]
-        val_loss, val_accuracy = self.evaluate(self.final_eval_batches() if last else self.config.train.eval_batches)
+        val_loss, val_accuracy = self.evaluate_whole_split() if last else self.evaluate(self.eval_step, self.config.train.eval_batches)
         row = stats.row(
             epoch=len(self.rows) + 1, step=step, duration_s=seconds, tokens_per_step=self.tokens_per_step,
             learning_rate=float(self.schedule(step - 1)), val_loss=val_loss, val_accuracy=val_accuracy,
