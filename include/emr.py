@@ -33,6 +33,7 @@ MASTER = "yarn"
 # training executors, and the driver's output (the stage's "ERROR [stage] ..." line) is the
 # step's log in S3 (stderr.gz).
 DEPLOY_MODE = "client"
+STEP_KILL_AFTER_SECONDS = 60  # a step still there this long after its time limit's SIGTERM is killed
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")
 
 
@@ -151,8 +152,16 @@ def stage_step(stage: str, config: PipelineConfig, run_id: str) -> dict:
         deploy_mode=DEPLOY_MODE,
         resources=train_resources(config) if stage == "train" else cluster_parallelism(config),
     )
+    # The step ends itself at its task's time limit, so the cluster's cost stays bounded when Airflow
+    # is not there to give up on it: EMR's idle timeout starts only once no step runs.
+    limit = ["timeout", f"--kill-after={STEP_KILL_AFTER_SECONDS}", str(sensor_limits(stage, config)["timeout"])]
     # CONTINUE: a failed step leaves the cluster to the DAG, whose teardown terminates it.
-    return {"Name": stage, "ActionOnFailure": "CONTINUE", "HadoopJarStep": {"Jar": "command-runner.jar", "Args": argv}}
+    return {"Name": stage, "ActionOnFailure": "CONTINUE", "HadoopJarStep": {"Jar": "command-runner.jar", "Args": limit + argv}}
+
+
+def step_time_limit(step: dict) -> int:
+    """The seconds a stage_step may run before it ends itself."""
+    return int(step["HadoopJarStep"]["Args"][2])
 
 
 def train_budget_steps(config: PipelineConfig) -> int:

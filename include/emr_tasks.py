@@ -76,6 +76,7 @@ class EmrStageSensor(EmrStepSensor):
             done = super().poke(context)
         except AirflowException:
             self.check_cluster_running()
+            self.check_time_limit()
             self.report_stage_error()
             raise
         if not done:
@@ -128,6 +129,19 @@ class EmrStageSensor(EmrStepSensor):
         raise AirflowFailException(
             f"{self.stage}: cluster {self.job_flow_id} ended ({state}): {reason} (bootstrap logs: {logs}*/bootstrap-actions/)"
         )
+
+    def check_time_limit(self) -> None:
+        """A step that ran out of its own time limit fails without the retry, as a task out of time does."""
+        limit = emr.step_time_limit(self.step)
+        try:
+            step = self.hook.conn.describe_step(ClusterId=self.job_flow_id, StepId=self.step_id)["Step"]
+        except Exception as error:  # the step's failure is still reported and raised
+            self.log.warning("step %s not described: %s", self.step_id, error)
+            return
+        timeline = step["Status"].get("Timeline", {})
+        start, end = timeline.get("StartDateTime"), timeline.get("EndDateTime")
+        if start and end and (end - start).total_seconds() >= limit:
+            raise AirflowFailException(f"{self.stage}: step {self.step_id} ran out of its time limit ({limit:,} s)")
 
     def report_stage_error(self) -> None:
         path, run = lake.error_path(self.stage), self.run_folder()

