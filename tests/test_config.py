@@ -2,7 +2,16 @@ import re
 
 import pytest
 
-from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, ConfigError, load_config, parse_override, read_yaml, validate
+from spark_jobs.lib.config import (
+    DEFAULT_CONFIG_PATH,
+    REPO_ROOT,
+    ConfigError,
+    corpus_name,
+    load_config,
+    parse_override,
+    read_yaml,
+    validate,
+)
 
 
 def test_defaults_are_valid_and_resolve_paths():
@@ -112,10 +121,20 @@ def test_missing_key_is_named():
 
 def test_cross_field_rules():
     # A rule across fields names its fields: no section to put in front of it.
-    with pytest.raises(ConfigError, match=r"^invalid configuration: data.shards \(3\) must be a multiple of train.num_workers \(2\)$"):
+    with pytest.raises(ConfigError, match=r"^invalid configuration: data.shards \(3\) must be a multiple of train.num_workers \(2\): set data.shards=2 or 4$"):
         load_config(overrides=["data.shards=3"])
+    with pytest.raises(ConfigError, match=r"data.shards \(1\) must be a multiple of train.num_workers \(2\): set data.shards=2$"):
+        load_config(overrides=["data.shards=1"])
+    with pytest.raises(ConfigError, match=r"train.batch_size \(33\) must be .* \(2\): set train.batch_size=32 or 34$"):
+        load_config(overrides=["train.batch_size=33"])
     with pytest.raises(ConfigError, match="embedding.dim .* divisible by model.n_head"):
         load_config(overrides=["model.n_head=5"])
+    with pytest.raises(ConfigError, match="train.min_learning_rate must not exceed train.learning_rate"):
+        load_config(overrides=["train.learning_rate=0.001", "train.min_learning_rate=0.002"])
+    constant = load_config(overrides=["train.learning_rate=0.001", "train.min_learning_rate=0.001"]).train  # no decay
+    assert constant.min_learning_rate == constant.learning_rate
+    with pytest.raises(ConfigError, match=r"data.val_fraction: Input should be less than 1"):
+        load_config(overrides=["data.val_fraction=1"])  # no text left to train on
     with pytest.raises(ConfigError, match="lake must be an s3:// URI for target emr"):
         load_config(overrides=["target=emr"])
     with pytest.raises(ConfigError, match=r"lake must be a local path or file:// URI for target local \(local Spark reads no s3://\)"):
@@ -194,7 +213,10 @@ def test_a_prompt_that_yaml_reads_as_a_boolean_or_mapping_is_still_a_prompt():
         ("/data/Илиада.txt", "Илиада"),  # other scripts keep their letters: no two corpora named "corpus"
         ("/data/論語/*.txt", "論語"),
         ("/data/Les Misérables #1.txt", "Les-Miserables-1"),
-        ("*.txt", "corpus"),
+        ("texts/*.txt", "texts"),
+        ("*.txt", corpus_name(REPO_ROOT.as_posix())),  # relative to the repository root, as the corpus is
+        ("./*.txt", corpus_name(REPO_ROOT.as_posix())),
+        ("/*.txt", "corpus"),
     ],
 )
 def test_run_name_defaults_to_the_corpus_name(corpus, name):

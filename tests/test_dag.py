@@ -140,6 +140,9 @@ def test_form_values_become_config_fields():
     config = load_config(overrides=trigger_form.overrides(values))
     assert (config.train.max_steps, config.data.stride, config.train.num_workers) == (40, 8, 1)
     assert config.data.shards == 3
+    # A setting both in a field and in the overrides takes the overrides' value, as the README says.
+    both = trigger_form.overrides({"stride": 8, "overrides": ["data.stride=4"]})
+    assert load_config(overrides=both).data.stride == 4
     assert config.corpus == ["file:///data/*.txt"]  # the glob is taken as it is, not parsed as YAML
     # The form sends an emptied field as null: an empty prompt (a new document).
     assert load_config(overrides=trigger_form.overrides({"prompt": None})).generate.prompt == ""

@@ -38,6 +38,17 @@ def test_changed_settings_make_their_stages_and_later_ones_stale():
     assert stages.stale_stages(["run_name", "emr.core_instance_count", "lake"]) == []
 
 
+@pytest.mark.parametrize("setting, first_stale", [
+    ("corpus", "tokenize"), ("tokenizer.vocab_size", "tokenize"), ("data.val_fraction", "tokenize"),
+    ("data.val_split", "tokenize"), ("data.bad_files", "tokenize"), ("data.block_size", "window"),
+    ("data.stride", "window"), ("data.pack_documents", "window"), ("embedding.dim", "positional_embed"),
+    ("embedding.word2vec.max_sentences", "positional_embed"), ("data.shards", "export"),
+    ("model.n_layer", "train"), ("train.learning_rate", "train"), ("generate.prompt", "generate"),
+])  # fmt: skip
+def test_each_setting_makes_the_stage_that_reads_it_stale(setting, first_stale):
+    assert stages.stale_stages([setting]) == [first_stale, *stages.downstream(first_stale)]
+
+
 def complete(run: str, *names: str) -> None:
     for name in names:
         lake.complete_stage(run, name, {"stage": name})

@@ -94,7 +94,10 @@ def corpus_name(corpus: str) -> str:
     """A run name from a corpus path, glob or URI: the file name without its extension, or the
     name of the folder a glob starts in ("data/books/*.txt" and "data/books/*/*.txt" -> "books").
     A local name holding a glob's characters is a glob only when no such file or folder exists,
-    as the corpus listing takes it (an S3 one always is: the config is read without S3 at hand)."""
+    as the corpus listing takes it (an S3 one always is: the config is read without S3 at hand).
+    A relative path is taken from the repository root, as the corpus is ("*.txt" -> its name)."""
+    if "://" not in corpus and not corpus.startswith(("/", "~")):
+        corpus = os.path.normpath(REPO_ROOT / corpus)
     path = corpus.split("://", 1)[-1].rstrip("/")
     components = path.split("/")
     globbed = [] if is_local_file_or_folder(corpus) else [i for i, part in enumerate(components) if is_glob(part)]
@@ -104,6 +107,12 @@ def corpus_name(corpus: str) -> str:
     name = "".join(unicodedata.normalize("NFKD", char).encode("ascii", "ignore").decode() or char for char in stem)
     name = re.sub(r"[^\w.-]+", "-", name).lstrip("_.-").rstrip("-")
     return name[:40] or "corpus"
+
+
+def nearest_multiples(value: int, factor: int) -> str:
+    """The multiples of factor either side of value, as a suggestion ("6 or 9")."""
+    below = value // factor * factor
+    return f"{below} or {below + factor}" if below else str(factor)
 
 
 RUN_NAME = re.compile(r"[^\W_][\w.-]*")  # letters of any script, digits, '_', '.', '-'
@@ -220,7 +229,7 @@ class GenerateConfig(_Section):
 
 class EmrConfig(_Section):
     release_label: str = Field(pattern=r"^emr-7\.\d+\.\d+$")
-    region: str = Field(min_length=1)
+    region: str | None = Field(default=None, min_length=1)
     master_instance_type: str
     core_instance_type: str
     core_instance_count: int = Field(ge=1)
@@ -306,15 +315,10 @@ class PipelineConfig(_Section):
             raise ValueError(
                 f"embedding.dim ({self.embedding.dim}) must be divisible by model.n_head ({self.model.n_head})"
             )
-        if self.data.shards % self.train.num_workers:
-            raise ValueError(
-                f"data.shards ({self.data.shards}) must be a multiple of train.num_workers ({self.train.num_workers})"
-            )
-        if self.train.batch_size % self.train.num_workers:
-            raise ValueError(
-                f"train.batch_size ({self.train.batch_size}) must be a multiple of train.num_workers "
-                f"({self.train.num_workers})"
-            )
+        for name, value in (("data.shards", self.data.shards), ("train.batch_size", self.train.batch_size)):
+            if value % self.train.num_workers:
+                raise ValueError(f"{name} ({value}) must be a multiple of train.num_workers ({self.train.num_workers}): "
+                                 f"set {name}={nearest_multiples(value, self.train.num_workers)}")
         if self.train.min_learning_rate > self.train.learning_rate:
             raise ValueError("train.min_learning_rate must not exceed train.learning_rate")
         if self.target == "emr" and not self.lake.startswith("s3://"):
