@@ -122,6 +122,7 @@ def test_validation_batches_repeat_a_workers_few_windows_to_fill_a_batch(tmp_pat
     windows = np.arange(3 * 5, dtype=np.int64).reshape(3, 5)  # 3 windows of T + 1 = 5 ids
     path = tmp_path / "part-00000.tfrecord"
     path.write_bytes(tfrecord.windows_to_tfrecord_bytes(windows))
-    inputs, targets = next(iter(eval_batches([str(path)], block_size=4, batch_size=6, in_memory=True)))
+    inputs, targets, weights = next(iter(eval_batches([str(path)], block_size=4, batch_size=6, in_memory=True)))
     assert inputs.numpy().tolist() == [window[:-1] for window in windows.tolist()] * 2
     assert targets.numpy().tolist() == [window[1:] for window in windows.tolist()] * 2
+    assert weights.numpy().tolist() == [1.0] * 6  # every window of a periodic pass counts
