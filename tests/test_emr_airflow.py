@@ -417,7 +417,7 @@ def test_a_step_its_own_time_limit_ended_fails_its_task_without_a_retry(airflow_
     """Each step runs under `timeout`, so the cluster's cost stays bounded without Airflow."""
     dag_run, states, finished = run_dag(aws, timed_out={"window"})
     limit = emr.sensor_limits("window", load_config(overrides=OVERRIDES))["timeout"]
-    assert f"window: step s-" in (logged := "".join(capfd.readouterr()))
+    assert "window: step s-" in (logged := "".join(capfd.readouterr()))
     assert f"ran out of its time limit ({limit:,} s)" in logged
 
     assert dag_run.state == "failed" and states["window"] == "failed"

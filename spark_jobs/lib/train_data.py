@@ -101,12 +101,17 @@ def train_batches(files: list[str], block_size: int, batch_size: int, seed: int,
     )
 
 
+def weighted_windows(files: list[str], block_size: int, in_memory: bool):
+    """Validation windows as (inputs, targets, weight 1)."""
+    return windows_dataset(files, block_size, in_memory).map(lambda inputs, targets: (inputs, targets, 1.0))
+
+
 def eval_batches(files: list[str], block_size: int, batch_size: int, in_memory: bool):
     """The validation windows in order, repeated, so every worker can always take the same number
     of batches (collective ops need every worker to run the same steps); each window weighs 1."""
     import tensorflow as tf
 
-    windows = windows_dataset(files, block_size, in_memory).map(lambda inputs, targets: (inputs, targets, 1.0))
+    windows = weighted_windows(files, block_size, in_memory)
     return windows.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
@@ -115,7 +120,7 @@ def whole_split_batches(files: list[str], block_size: int, batch_size: int, batc
     `batches` full batches: every worker runs the same steps, and no window is scored twice."""
     import tensorflow as tf
 
-    windows = windows_dataset(files, block_size, in_memory=False).map(lambda inputs, targets: (inputs, targets, 1.0))
+    windows = weighted_windows(files, block_size, in_memory=False)
     blank = tf.zeros([block_size], tf.int32)
     padding = tf.data.Dataset.from_tensors((blank, blank, 0.0)).repeat()
     return windows.concatenate(padding).take(batches * batch_size).batch(batch_size).prefetch(tf.data.AUTOTUNE)
