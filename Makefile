@@ -39,13 +39,13 @@ venv: $(BIN)/.installed
 
 # The whole DAG once with `airflow dags test`, S3 on a moto server that lives as long as the command.
 run: venv
-	$(BIN)/python -m include.airflow_local run --corpus "$$CORPUS" --overrides "$$SET" $(ARGS)
+	$(BIN)/python -m local_platform.airflow_runner run --corpus "$$CORPUS" --overrides "$$SET" $(ARGS)
 
 # Airflow standalone (UI on http://127.0.0.1:8080) with the DAG and a moto S3 server; Ctrl-C stops it.
 airflow: venv
-	$(BIN)/python -m include.airflow_local ui
+	$(BIN)/python -m local_platform.airflow_runner ui
 
-# The UI test (tests/test_ui_trigger.py) drives Debian's Chromium through chromium-driver;
+# The UI test (tests/e2e/test_ui_trigger.py) drives Debian's Chromium through chromium-driver;
 # installed with apt-get when missing (CI runs as root), so nothing downloads a browser.
 browser:
 	@[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || { \

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from include.airflow_local import DAG_ID, dags_test, prepare, read_report  # noqa: E402
-from include.local_s3 import LocalS3  # noqa: E402
+from local_platform.airflow_runner import DAG_ID, dags_test, prepare, read_report  # noqa: E402
+from local_platform.moto_s3 import LocalS3  # noqa: E402
 from spark_jobs.lib.config import add_set_argument, load_config  # noqa: E402
 
 GOAL_S = 300
@@ -39,7 +39,9 @@ def task_times(db_path: Path) -> tuple[datetime, list[tuple[str, float, datetime
             "SELECT task_id, start_date, end_date FROM task_instance WHERE run_id = ? ORDER BY start_date", (run_id,)
         ).fetchall()
     parse = datetime.fromisoformat
-    return parse(run_start), [(task, (parse(end) - parse(start)).total_seconds(), parse(start)) for task, start, end in rows]
+    return parse(run_start), [
+        (task, (parse(end) - parse(start)).total_seconds(), parse(start)) for task, start, end in rows
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,10 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'tasks':<18}{sum(seconds for _, seconds, _ in tasks):>9.1f}")
     print(f"first task started {(tasks[0][2] - run_start).total_seconds():.1f} s after the run was created")
     train = report["train"]
-    print(f"train: {train['steps']} steps, {train['tokens_per_s']:,.0f} tokens/s, {train['train_wall_s']:.0f} s in the loop")
+    print(
+        f"train: {train['steps']} steps, {train['tokens_per_s']:,.0f} tokens/s, {train['train_wall_s']:.0f} s "
+        "in the loop"
+    )
     print(f"final val loss {report['final_val_loss']:.4f} nats/token, {report['val_nats_per_char']:.4f} nats/char")
-    print(f"whole command (Airflow DB set-up, moto, dags test): {total_s:.0f} s; goal <= {GOAL_S} s: "
-          f"{'met' if total_s <= GOAL_S else 'not met'}")
+    print(
+        f"whole command (Airflow DB set-up, moto, dags test): {total_s:.0f} s; goal <= {GOAL_S} s: "
+        f"{'met' if total_s <= GOAL_S else 'not met'}"
+    )
     print(f"load average (1 min) before {load_before:.1f}, after {os.getloadavg()[0]:.1f}, on {os.cpu_count()} cores")
     return 0
 

@@ -4,7 +4,7 @@
 
 Builds a corpus of tinyshakespeare repeated to --mb megabytes (one file, or --files files cut at
 line ends: a corpus of many small documents), runs tokenize, window,
-positional_embed and export through spark-submit on local[cores] (include/local_runner.submit_stage),
+positional_embed and export through spark-submit on local[cores] (include/stage_runner.submit_stage),
 and prints tokens/s per stage and end to end. Each stage's time is split into the body (the
 stage's own work, duration_s of stats/{stage}.json) and start-up plus shut-down (JVM, imports,
 SparkContext, stopping Spark: the rest of spark-submit's wall time). Then it encodes the same
@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include import class_archive  # noqa: E402
-from include.local_runner import submit_stage  # noqa: E402
+from include.local_spark import submit_stage  # noqa: E402
 from include.spark_submit import PREPROCESSING_STAGES, package_code  # noqa: E402
 from spark_jobs.lib import bpe, lake  # noqa: E402
 from spark_jobs.lib.config import SHARED_CORPUS, add_set_argument, load_config  # noqa: E402
@@ -52,7 +52,9 @@ def build_corpus(folder: Path, megabytes: float, files: int) -> tuple[str, str, 
     lines = text.splitlines(keepends=True)
     per_file = -(-len(lines) // files)
     for index in range(files):
-        (corpus / f"part-{index:05d}.txt").write_text("".join(lines[index * per_file : (index + 1) * per_file]), encoding="utf-8")
+        (corpus / f"part-{index:05d}.txt").write_text(
+            "".join(lines[index * per_file : (index + 1) * per_file]), encoding="utf-8"
+        )
     return str(corpus / "*.txt"), name, text
 
 
@@ -95,8 +97,12 @@ def measure(megabytes: float, files: int, overrides: list[str], cores: int, repe
             submit_stage(stage, config, run, code)
             wall = time.perf_counter() - started
             stats = lake.read_json(lake.stats_uri(run, stage))
-            stages[stage] = {"wall_s": wall, "body_s": stats["duration_s"], "overhead_s": wall - stats["duration_s"],
-                             "timings": stats.get("timings", {})}  # fmt: skip
+            stages[stage] = {
+                "wall_s": wall,
+                "body_s": stats["duration_s"],
+                "overhead_s": wall - stats["duration_s"],
+                "timings": stats.get("timings", {}),
+            }
         tokenize = lake.read_json(lake.stats_uri(run, "tokenize"))
         tokens = sum(split["tokens"] for split in tokenize["splits"].values())
         tokenizer_json = lake.read_text(lake.join(run, lake.TOKENIZER_PATH))
@@ -128,7 +134,9 @@ def report(result: dict, cores: int) -> float:
     for name, bare in result["bare"].items():
         print(f"bare {name}: {bare['tokens_per_s']:,.0f} tokens/s ({bare['seconds']:.2f} s)")
     ratio = tokens / body / best["tokens_per_s"]
-    print(f"ratio end to end / bare ({baseline_name}): {ratio:.2f} (goal >= 0.7: {'met' if ratio >= 0.7 else 'not met'})")
+    print(
+        f"ratio end to end / bare ({baseline_name}): {ratio:.2f} (goal >= 0.7: {'met' if ratio >= 0.7 else 'not met'})"
+    )
     encode_s = stages["tokenize"]["timings"]["encode_s"]
     print(
         f"tokenize's encoding job alone (read, encode, write Parquet): {tokens / encode_s:,.0f} tokens/s, "
@@ -145,9 +153,11 @@ def report_marginal(small: dict, large: dict) -> None:
     cost = {name: large["stages"][name]["body_s"] - small["stages"][name]["body_s"] for name in PREPROCESSING_STAGES}
     bpe = large["stages"]["tokenize"]["timings"]["train_bpe_s"] - small["stages"]["tokenize"]["timings"]["train_bpe_s"]
     _, best = baseline(large)
-    print(f"\nthe extra {large['mb'] - small['mb']:.0f} MB ({extra:,} tokens) cost: "
-          + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in cost.items())
-          + f"; BPE training is {bpe:.2f} s of tokenize's (its sample grows up to tokenizer.train_sample_mb)")  # fmt: skip
+    print(
+        f"\nthe extra {large['mb'] - small['mb']:.0f} MB ({extra:,} tokens) cost: "
+        + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in cost.items())
+        + f"; BPE training is {bpe:.2f} s of tokenize's (its sample grows up to tokenizer.train_sample_mb)"
+    )
     total = sum(cost.values())
     for label, seconds in (("all", total), ("without BPE training", total - bpe)):
         rate = extra / seconds
@@ -157,7 +167,9 @@ def report_marginal(small: dict, large: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--mb", default="20", help="corpus size in MB (default 20); several, comma-separated, also print the marginal rate"
+        "--mb",
+        default="20",
+        help="corpus size in MB (default 20); several, comma-separated, also print the marginal rate",
     )
     parser.add_argument(
         "--files", type=int, default=1, help="cut the corpus into this many files at line ends (default 1)"
@@ -182,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
         report_marginal(results[0], results[-1])
     print(f"load average (1 min) before the run {load_before:.1f}, after {os.getloadavg()[0]:.1f}, on {cores} cores")
     if unrecorded:
-        print(f"JVM class archives recorded during this run for {', '.join(unrecorded)}: "
-              "the first size's figures include the recording; run again for the usual ones")  # fmt: skip
+        print(
+            f"JVM class archives recorded during this run for {', '.join(unrecorded)}: "
+            "the first size's figures include the recording; run again for the usual ones"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -20,8 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from include.local_runner import run_pipeline, submit_stage  # noqa: E402
+from include.local_spark import submit_stage
 from include.spark_submit import PREPROCESSING_STAGES, packaged_code  # noqa: E402
+from local_platform.stage_runner import run_pipeline  # noqa: E402
 from spark_jobs.lib import lake  # noqa: E402
 from spark_jobs.lib.config import add_set_argument, load_config, to_uri  # noqa: E402
 
@@ -39,7 +40,9 @@ def main() -> None:
     rows = []
     with packaged_code() as code_dir:
         for workers in counts:
-            worker_config = load_config(overrides=[{"lake": args.lake}, *args.overrides, f"train.num_workers={workers}"])
+            worker_config = load_config(
+                overrides=[{"lake": args.lake}, *args.overrides, f"train.num_workers={workers}"]
+            )
             run = clone_run(base, f"{workers}w", worker_config)
             submit_stage("train", worker_config, run, code_dir)
             rows.append((workers, lake.read_json(lake.stats_uri(run, "train"))))

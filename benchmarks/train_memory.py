@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/train_memory.py [--corpus PATH] [--only N,...]
 
 For each model shape below, runs tokenize, window, positional_embed, export and a 3-step train
-through spark-submit (include/local_runner) on the corpus (tinyshakespeare by default), reads the
+through spark-submit (include/local_spark) on the corpus (tinyshakespeare by default), reads the
 worker's peak resident memory from stats/epochs.csv (process_memory_max_mb, ru_maxrss) and prints
 it beside the estimate. The estimate should be close to the peak and not far below it: the
 refusal of a run too big for its machine rests on it.
@@ -21,13 +21,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from include.local_runner import run_pipeline  # noqa: E402
 from include.spark_submit import PREPROCESSING_STAGES  # noqa: E402
+from local_platform.stage_runner import run_pipeline  # noqa: E402
 from spark_jobs.lib import lake, memory  # noqa: E402
 from spark_jobs.lib.config import SHARED_CORPUS, load_config  # noqa: E402
 
-SHORT_TRAINING = ["train.max_steps=3", "train.eval_interval=3", "train.eval_batches=1", "train.warmup_steps=1",
-                  "train.log_interval=1", "generate.max_new_tokens=1"]  # fmt: skip
+SHORT_TRAINING = [
+    "train.max_steps=3",
+    "train.eval_interval=3",
+    "train.eval_batches=1",
+    "train.warmup_steps=1",
+    "train.log_interval=1",
+    "generate.max_new_tokens=1",
+]
 SHAPES = {
     "defaults, 1 worker": ["train.num_workers=1"],
     "defaults, 2 workers": [],
@@ -39,15 +45,23 @@ SHAPES = {
     "12 layers": ["train.num_workers=1", "model.n_layer=12"],
     "MLP ratio 16": ["train.num_workers=1", "model.mlp_ratio=16"],
     "MLP ratio 1": ["train.num_workers=1", "model.mlp_ratio=1"],
-    "D=256, T=32, b=256, MLP 16": ["train.num_workers=1", "embedding.dim=256", "data.block_size=32", "data.stride=16",
-                                   "train.batch_size=256", "model.mlp_ratio=16"],
+    "D=256, T=32, b=256, MLP 16": [
+        "train.num_workers=1",
+        "embedding.dim=256",
+        "data.block_size=32",
+        "data.stride=16",
+        "train.batch_size=256",
+        "model.mlp_ratio=16",
+    ],
 }
 STAGES = (*PREPROCESSING_STAGES, "train")
 
 
 def measure(corpus: Path, overrides: list[str], scratch: Path) -> tuple[dict, float, int]:
     """(the estimate, the measured peak in MB, the vocabulary the tokenizer reached)."""
-    config = load_config(overrides=[{"corpus": str(corpus), "lake": str(scratch / "lake")}] + SHORT_TRAINING + overrides)
+    config = load_config(
+        overrides=[{"corpus": str(corpus), "lake": str(scratch / "lake")}] + SHORT_TRAINING + overrides
+    )
     run = run_pipeline(config, "memory", STAGES)
     rows = list(csv.DictReader(io.StringIO(lake.read_text(lake.join(run, "stats", "epochs.csv")))))
     peak = max(float(row["process_memory_max_mb"]) for row in rows)
@@ -70,12 +84,19 @@ def main(argv: list[str] | None = None) -> int:
             results.append((name, *measure(args.corpus, overrides, scratch)))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-    print(f"\n{'shape':22} {'vocab':>6} {'estimate MB':>12} {'peak MB':>9} {'estimate/peak':>14}   parts of the estimate (MB)")
+    print(
+        f"\n{'shape':22} {'vocab':>6} {'estimate MB':>12} {'peak MB':>9} {'estimate/peak':>14}   parts of the "
+        "estimate (MB)"
+    )
     for name, estimate, peak, vocab in results:
         parts = ", ".join(f"{key} {value:,}" for key, value in estimate.items() if key != "total")
-        print(f"{name:22} {vocab:>6} {estimate['total']:>12,} {peak:>9,.0f} {estimate['total'] / peak:>14.2f}   {parts}")
-    print(f"this machine: {memory.machine_memory_mb():,} MB; a local worker may use "
-          f"{memory.local_worker_mb(load_config()):,} MB with the default train.num_workers")
+        print(
+            f"{name:22} {vocab:>6} {estimate['total']:>12,} {peak:>9,.0f} {estimate['total'] / peak:>14.2f}   {parts}"
+        )
+    print(
+        f"this machine: {memory.machine_memory_mb():,} MB; a local worker may use "
+        f"{memory.local_worker_mb(load_config()):,} MB with the default train.num_workers"
+    )
     return 0
 
 

@@ -43,7 +43,7 @@ from airflow.sdk import (
 )
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from include import emr, emr_tasks, local_runner, locks, trigger_form
+from include import emr, emr_tasks, local_spark, locks, trigger_form
 from include.collect import (
     AWS_CONN_ID,
     RunFolder,
@@ -58,7 +58,13 @@ from include.spark_submit import STAGES, packaged_code
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import (
-    DAG_SETTINGS, ConfigError, PipelineConfig, defaults_path, load_config, read_yaml, setting,
+    DAG_SETTINGS,
+    ConfigError,
+    PipelineConfig,
+    defaults_path,
+    load_config,
+    read_yaml,
+    setting,
 )
 from spark_jobs.lib.errors import name_some
 from spark_jobs.lib.stage import load_run_config
@@ -101,13 +107,17 @@ def form_config() -> tuple[PipelineConfig, str]:
                 f"parses the DAG; a run cannot change it (got {run_value!r}): edit {CONFIG_PATH.name}"
             )
     changed = stage_graph.changed_settings(dag_settings, run_settings)
-    log.info("settings from the form: %s", "; ".join(f"{path} = {new!r}" for path, (_, new) in changed.items()) or "none")
+    log.info(
+        "settings from the form: %s", "; ".join(f"{path} = {new!r}" for path, (_, new) in changed.items()) or "none"
+    )
     return config, f"{config.run_name}-{context['run_id']}"
 
 
 def check_corpus(config: PipelineConfig, sizes: dict[str, int]) -> None:
     """Log the corpus and stop one too small for a window before any Spark or cluster starts."""
-    log.info("corpus: %d file(s), %s bytes: %s", len(sizes), f"{sum(sizes.values()):,}", name_some(list(sizes), shown=5))
+    log.info(
+        "corpus: %d file(s), %s bytes: %s", len(sizes), f"{sum(sizes.values()):,}", name_some(list(sizes), shown=5)
+    )
     corpus.check_fits(config, sizes)
 
 
@@ -160,12 +170,12 @@ def run_local_stage(stage: str, run_dir: str) -> dict:
     with packaged_code() as code_dir:
         try:
             with locks.run_folder_held(run_dir, f"the DAG's task {stage}"):
-                local_runner.submit_stage(stage, config, run_dir, code_dir)
-        except local_runner.StageFailed as error:
+                local_spark.submit_stage(stage, config, run_dir, code_dir)
+        except local_spark.StageFailed as error:
             if error.bad_input:  # fail without the retry, which would stop on the same input
                 raise AirflowFailException(str(error)) from error
             raise
-    return local_runner.headline(lake.read_json(lake.stats_uri(run_dir, stage)))
+    return local_spark.headline(lake.read_json(lake.stats_uri(run_dir, stage)))
 
 
 @task
@@ -185,8 +195,10 @@ def collect(run_dir: str, cluster_id: str | None = None) -> dict:
     report = collect_record(run_dir, s3, STAGES, extra)
     log.info(
         "record: %s  final val loss: %s  val nats/char: %s",
-        report["s3_uri"], report["final_val_loss"], report["val_nats_per_char"],
-    )  # fmt: skip
+        report["s3_uri"],
+        report["final_val_loss"],
+        report["val_nats_per_char"],
+    )
     return report
 
 

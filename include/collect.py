@@ -172,7 +172,9 @@ def report_text(report: dict) -> str:
         for split, counts in splits.items()
     )
     curve = "\n".join(
-        "| " + " | ".join(figure(row.get(column), ".0f" if column == "step" else ".4g") for column in CURVE_COLUMNS) + " |"
+        "| "
+        + " | ".join(figure(row.get(column), ".0f" if column == "step" else ".4g") for column in CURVE_COLUMNS)
+        + " |"
         for row in report["evaluations"]
     )
     stages = "\n".join(f"| {stage} | {seconds} |" for stage, seconds in report["stage_seconds"].items())
@@ -212,8 +214,10 @@ def resumed_text(train: dict) -> str:
     """For a training resumed from a backup: the speed and time above are its last attempt's."""
     if not train.get("resumed_from_step"):
         return ""
-    return (f" (resumed from step {train['resumed_from_step']:,}: the speed and time are of the last "
-            f"{figure(train.get('steps_this_attempt'))} steps)")  # fmt: skip
+    return (
+        f" (resumed from step {train['resumed_from_step']:,}: the speed and time are of the last "
+        f"{figure(train.get('steps_this_attempt'))} steps)"
+    )
 
 
 def emr_text(cluster: dict) -> str:

@@ -156,7 +156,11 @@ def stage_step(stage: str, config: PipelineConfig, run_id: str) -> dict:
     # is not there to give up on it: EMR's idle timeout starts only once no step runs.
     limit = ["timeout", f"--kill-after={STEP_KILL_AFTER_SECONDS}", str(sensor_limits(stage, config)["timeout"])]
     # CONTINUE: a failed step leaves the cluster to the DAG, whose teardown terminates it.
-    return {"Name": stage, "ActionOnFailure": "CONTINUE", "HadoopJarStep": {"Jar": "command-runner.jar", "Args": limit + argv}}
+    return {
+        "Name": stage,
+        "ActionOnFailure": "CONTINUE",
+        "HadoopJarStep": {"Jar": "command-runner.jar", "Args": limit + argv},
+    }
 
 
 def step_time_limit(step: dict) -> int:
@@ -189,8 +193,10 @@ def check_sensor_limits(run_config: PipelineConfig, dag_config: PipelineConfig) 
         if needed > allowed:
             settings = "emr.step_timeout_minutes"
             if stage == "train":
-                settings = ("train.max_steps, train.eval_batches, emr.train_seconds_per_step or "
-                            "emr.step_timeout_minutes, or lower train.eval_interval,")  # fmt: skip
+                settings = (
+                    "train.max_steps, train.eval_batches, emr.train_seconds_per_step or "
+                    "emr.step_timeout_minutes, or lower train.eval_interval,"
+                )
             raise ConfigError(
                 f"stage {stage} needs a step time limit of {needed} s with this run's settings, but the DAG's "
                 f"sensor allows {allowed} s: raise {settings} in {defaults_path().name}, which the DAG's sensors "

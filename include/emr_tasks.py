@@ -40,8 +40,12 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> 
     request = emr.job_flow_overrides(config, run_id)
     steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in STAGES}
     hourly, hours = emr.check_budget(config, dag_config)
-    log.info("cluster: about $%.2f per hour on demand; at most %.1f hours (about $%.0f) with these limits",
-             hourly, hours, hourly * hours)
+    log.info(
+        "cluster: about $%.2f per hour on demand; at most %.1f hours (about $%.0f) with these limits",
+        hourly,
+        hours,
+        hourly * hours,
+    )
     s3 = S3Hook(aws_conn_id=config.emr.aws_conn_id)
     # Without it EMR would start the cluster and lose its logs.
     check_bucket(s3, emr.split_s3_uri(config.emr.log_uri)[0], "emr.log_uri")
@@ -127,7 +131,8 @@ class EmrStageSensor(EmrStepSensor):
         reason = cluster["Status"].get("StateChangeReason", {}).get("Message") or "no reason given"
         logs = f"{cluster.get('LogUri', '')}{self.job_flow_id}/node/"
         raise AirflowFailException(
-            f"{self.stage}: cluster {self.job_flow_id} ended ({state}): {reason} (bootstrap logs: {logs}*/bootstrap-actions/)"
+            f"{self.stage}: cluster {self.job_flow_id} ended ({state}): {reason} (bootstrap logs: "
+            f"{logs}*/bootstrap-actions/)"
         )
 
     def check_time_limit(self) -> None:
@@ -146,8 +151,9 @@ class EmrStageSensor(EmrStepSensor):
     def report_stage_error(self) -> None:
         path, run = lake.error_path(self.stage), self.run_folder()
         if not run.has(path):
-            self.log.error("%s left no %s in the run folder: its step log (stderr.gz) under emr.log_uri says why",
-                           self.stage, path)
+            self.log.error(
+                "%s left no %s in the run folder: its step log (stderr.gz) under emr.log_uri says why", self.stage, path
+            )
             return
         error = run.read_json(path)
         self.log.error("%s stopped: %s", self.stage, error["error"])

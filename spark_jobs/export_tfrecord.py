@@ -136,7 +136,12 @@ def body(spark, config, run: str) -> dict:
         for name in splits[split]["shards"]:
             lake.move_file(fs, posixpath.join(staging_path, name), posixpath.join(final_path, name))
     lake.delete(lake.join(run, "_staging"))
-    manifest = {"block_size": block_size, "vocab_size": config.tokenizer.vocab_size, "num_shards": shards, "splits": splits}
+    manifest = {
+        "block_size": block_size,
+        "vocab_size": config.tokenizer.vocab_size,
+        "num_shards": shards,
+        "splits": splits,
+    }
     manifest_uri = lake.join(run, lake.MANIFEST_PATH)
     lake.write_json(manifest_uri, manifest)
     timings["publish_s"] = time.perf_counter() - started

@@ -129,9 +129,14 @@ def generate_stage(spark, config: PipelineConfig, run: str) -> dict:
     text = samples(model, tokenizer, config.generate)
     lake.write_text(lake.join(run, lake.SAMPLES_PATH), text + "\n")
     print(text, flush=True)
-    return {"prompt": config.generate.prompt, "new_tokens": config.generate.max_new_tokens,
-            "strategy": config.generate.strategy, "seed": config.generate.seed,
-            "samples": config.generate.num_samples, "chars": len(text)}  # fmt: skip
+    return {
+        "prompt": config.generate.prompt,
+        "new_tokens": config.generate.max_new_tokens,
+        "strategy": config.generate.strategy,
+        "seed": config.generate.seed,
+        "samples": config.generate.num_samples,
+        "chars": len(text),
+    }
 
 
 def cli(argv: list[str]) -> int:

@@ -72,16 +72,22 @@ def word2vec_vectors(spark, config, run: str, train_windows: int) -> tuple[dict[
             f"training windows Word2Vec reads (at most embedding.word2vec.max_sentences, {settings.max_sentences:,}); "
             "lower min_count or raise max_sentences"
         ) from None
-    learned = {int(row.word): np.asarray(row.vector.toArray(), dtype=np.float32) for row in model.getVectors().collect()}
+    learned = {
+        int(row.word): np.asarray(row.vector.toArray(), dtype=np.float32) for row in model.getVectors().collect()
+    }
     sentences.unpersist()
     values = np.stack(list(learned.values())) if learned else np.zeros((0, config.embedding.dim))
-    return learned, {
-        "sentences": n_sentences,
-        "every_nth_window": every,
-        "num_partitions": partitions,
-        "learned_ids": len(learned),
-        "vector_std": round(float(values.std()), 6) if learned else None,
-    }, {"sample_s": sample_s, "word2vec_s": time.perf_counter() - started}
+    return (
+        learned,
+        {
+            "sentences": n_sentences,
+            "every_nth_window": every,
+            "num_partitions": partitions,
+            "learned_ids": len(learned),
+            "vector_std": round(float(values.std()), 6) if learned else None,
+        },
+        {"sample_s": sample_s, "word2vec_s": time.perf_counter() - started},
+    )
 
 
 def body(spark, config, run: str) -> dict:
@@ -91,11 +97,11 @@ def body(spark, config, run: str) -> dict:
     settings = config.embedding.word2vec
     learned, word2vec, timings = {}, {"enabled": settings.enabled}, {}
     if settings.enabled:
-        learned, details, timings = word2vec_vectors(
-            spark, config, run, window["splits"]["train"]["windows"]
-        )
+        learned, details, timings = word2vec_vectors(spark, config, run, window["splits"]["train"]["windows"])
         word2vec.update(details)
-        word2vec.update(window=settings.window, min_count=settings.min_count, max_iter=settings.max_iter, seed=settings.seed)
+        word2vec.update(
+            window=settings.window, min_count=settings.min_count, max_iter=settings.max_iter, seed=settings.seed
+        )
     word2vec["coverage"] = round(len(learned) / vocab_size, 6)  # share of the V rows that Word2Vec learned
     tokenizer_vocab = tokenize["tokenizer"]["vocab_size"]
 

@@ -28,7 +28,8 @@ import numpy as np
 
 from spark_jobs.lib import bpe, corpus, lake, parts
 from spark_jobs.lib.stage import run_stage, warn
-from spark_jobs.lib.windows import SPLITS, Piece as WindowPiece, check_windows, plan_windows
+from spark_jobs.lib.windows import SPLITS, check_windows, plan_windows
+from spark_jobs.lib.windows import Piece as WindowPiece
 
 STAGE = "tokenize"
 
@@ -82,8 +83,16 @@ def encode_task(groups: list[list[tuple]], tokenizer_json, tokens_uri: str):
             for split, part in (("train", text[:val_start]), ("val", text[val_start:])):
                 if part:
                     ids.append(bpe.encode(tokenizer, part))
-                    rows.append({"doc_id": piece.doc_id, "path": piece.path, "split": split, "piece": piece.index,
-                                 "chars": len(part), "n_tokens": len(ids[-1])})
+                    rows.append(
+                        {
+                            "doc_id": piece.doc_id,
+                            "path": piece.path,
+                            "split": split,
+                            "piece": piece.index,
+                            "chars": len(part),
+                            "n_tokens": len(ids[-1]),
+                        }
+                    )
         schema = tokens_schema()
         offsets = np.cumsum([0] + [len(item) for item in ids], dtype=np.int32)
         table = pa.Table.from_pylist(rows, schema=schema.remove(schema.get_field_index("ids"))).append_column(

@@ -128,8 +128,17 @@ def run_worker_process(run: str, tf_config: dict, threads: int) -> dict:
             # of the source files it writes to the temporary folder: they go with the scratch folder.
             "TMPDIR": scratch,
         }
-        argv = [sys.executable, "-m", "spark_jobs.lib.trainer", "--run-dir", run, "--threads", str(threads),
-                "--result", str(result_file)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "spark_jobs.lib.trainer",
+            "--run-dir",
+            run,
+            "--threads",
+            str(threads),
+            "--result",
+            str(result_file),
+        ]
         completed = subprocess.run(argv, env=env, preexec_fn=die_with_parent)
         index = tf_config["task"]["index"]
         if completed.returncode == trainer.SETTINGS_FAILURE_EXIT:

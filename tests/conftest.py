@@ -15,7 +15,7 @@ os.environ["AIRFLOW_HOME"] = AIRFLOW_HOME
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{AIRFLOW_HOME}/airflow.db"
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
-from include.local_s3 import MACHINE_AWS_SETTINGS  # noqa: E402
+from local_platform.moto_s3 import MACHINE_AWS_SETTINGS  # noqa: E402
 
 # No test reads this machine's pipeline or AWS settings, or reaches AWS: a client that no test
 # pointed at its moto server gets made-up keys and an endpoint where nothing listens.
@@ -33,8 +33,8 @@ os.environ.update(
     }
 )
 
-from spark_jobs.lib import lake
-from spark_jobs.lib.config import SHARED_CORPUS, PipelineConfig, load_config
+from spark_jobs.lib import lake  # noqa: E402
+from spark_jobs.lib.config import SHARED_CORPUS, PipelineConfig, load_config  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from include.collect import AWS_CONN_ID
-from include.local_s3 import LocalS3
+from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib.config import REPO_ROOT, load_config
 
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yaml"
@@ -155,9 +155,13 @@ def test_dependency_conditions_can_be_met(services):
     for name, spec in services.items():
         for target, condition in dependencies(spec).items():
             if condition == "service_healthy":
-                assert "healthcheck" in services[target], f"{name} waits for {target} to be healthy: it has no healthcheck"
+                assert "healthcheck" in services[target], (
+                    f"{name} waits for {target} to be healthy: it has no healthcheck"
+                )
             elif condition == "service_completed_successfully":
-                assert target in ONE_SHOT_SERVICES and "restart" not in services[target], f"{name} waits for {target} to exit"
+                assert target in ONE_SHOT_SERVICES and "restart" not in services[target], (
+                    f"{name} waits for {target} to exit"
+                )
             else:
                 pytest.fail(f"{name} -> {target}: unexpected condition {condition!r}")
     for name in AIRFLOW_SERVICES:
@@ -354,8 +358,12 @@ def test_image_adds_java_17_and_installs_the_pinned_requirements():
     copied = {words[-1]: words[-2] for words in copies}
     installed = re.search(r"pip install [^&]*-r (\S+)", runs)
     assert installed, "the image does not pip install a requirements file"
-    assert copied.get(installed.group(1)) == "requirements.txt", "the installed file is not the repository's requirements.txt"
-    assert '"apache-airflow==${AIRFLOW_VERSION}"' in installed.group(0), "pip may move Airflow away from the base image's version"
+    assert copied.get(installed.group(1)) == "requirements.txt", (
+        "the installed file is not the repository's requirements.txt"
+    )
+    assert '"apache-airflow==${AIRFLOW_VERSION}"' in installed.group(0), (
+        "pip may move Airflow away from the base image's version"
+    )
     # The last USER decides who runs the containers' commands: the image's airflow user, not root.
     assert [argument for instruction, argument in instructions if instruction == "USER"][-1] == "airflow"
 

@@ -84,7 +84,7 @@ def encode(tokenizer, text: str) -> np.ndarray:
     lengths = [len(encoding) for encoding in encodings]  # without building each ids list twice
     ids = np.empty(sum(lengths), dtype=np.int32)
     position = 0
-    for encoding, length in zip(encodings, lengths):
+    for encoding, length in zip(encodings, lengths, strict=True):
         ids[position : position + length] = encoding.ids
         position += length
     return ids

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from spark_jobs.lib.errors import PipelineError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from spark_jobs.lib.errors import PipelineError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_PATH = REPO_ROOT / "include" / "config" / "pipeline.yaml"
@@ -32,6 +33,7 @@ SHARED_CORPUS = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"  # 
 def defaults_path() -> Path:
     """The defaults file: GPT_PIPELINE_CONFIG when set (e.g. a copy with target: emr), else pipeline.yaml."""
     return Path(os.environ.get("GPT_PIPELINE_CONFIG") or DEFAULT_CONFIG_PATH)
+
 
 # Byte-level BPE starts from 256 byte symbols; the special tokens come on top.
 SPECIAL_TOKENS = ("<|endoftext|>",)
@@ -317,15 +319,19 @@ class PipelineConfig(_Section):
             )
         for name, value in (("data.shards", self.data.shards), ("train.batch_size", self.train.batch_size)):
             if value % self.train.num_workers:
-                raise ValueError(f"{name} ({value}) must be a multiple of train.num_workers ({self.train.num_workers}): "
-                                 f"set {name}={nearest_multiples(value, self.train.num_workers)}")
+                raise ValueError(
+                    f"{name} ({value}) must be a multiple of train.num_workers ({self.train.num_workers}): "
+                    f"set {name}={nearest_multiples(value, self.train.num_workers)}"
+                )
         if self.train.min_learning_rate > self.train.learning_rate:
             raise ValueError("train.min_learning_rate must not exceed train.learning_rate")
         if self.target == "emr" and not self.lake.startswith("s3://"):
             raise ValueError(f"lake must be an s3:// URI for target emr, got {self.lake!r}")
         if self.target == "local" and self.lake.startswith("s3://"):
-            raise ValueError(f"lake must be a local path or file:// URI for target local (local Spark reads no s3://), "
-                             f"got {self.lake!r}")
+            raise ValueError(
+                f"lake must be a local path or file:// URI for target local (local Spark reads no s3://), "
+                f"got {self.lake!r}"
+            )
         runs, records = f"{self.lake}/runs", self.s3.record_folder()
         if runs == records or records.startswith(runs + "/"):
             raise ValueError(
@@ -373,8 +379,9 @@ DAG_SETTINGS = ("target", "schedule", "s3.bucket", "s3.prefix")
 def setting(data: dict, name: str) -> Any:
     """The value of a dotted setting name in a config's data (None where there is none):
     setting(data, "emr.region")."""
-    return functools.reduce(lambda section, key: section.get(key) if isinstance(section, dict) else None,
-                            name.split("."), data)  # fmt: skip
+    return functools.reduce(
+        lambda section, key: section.get(key) if isinstance(section, dict) else None, name.split("."), data
+    )
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -440,7 +447,12 @@ def closest_settings(unknown: str) -> list[str]:
 def add_set_argument(parser: argparse.ArgumentParser) -> None:
     """A command line's --set: one or more section.key=value overrides, and --set may be repeated."""
     parser.add_argument(
-        "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
         help="config overrides: --set train.max_steps=500 data.block_size=64",
     )
 

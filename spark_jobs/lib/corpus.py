@@ -25,6 +25,7 @@ import posixpath
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 from spark_jobs.lib import lake
 from spark_jobs.lib.errors import PipelineError, name_some
@@ -136,7 +137,7 @@ def plan_pieces(files: list[tuple[str, int]], parallelism: int) -> list[Piece]:
             if cut is not None and cuts[-1] < cut < size:
                 cuts.append(cut)
         cuts.append(size)
-        pieces += [Piece(doc_id, uri, index, start, end) for index, (start, end) in enumerate(zip(cuts, cuts[1:]))]
+        pieces += [Piece(doc_id, uri, index, start, end) for index, (start, end) in enumerate(pairwise(cuts))]
     return pieces
 
 
@@ -160,7 +161,13 @@ def piece_size(piece: Piece) -> int:
 
 
 UTF16_MARKS = (b"\xff\xfe", b"\xfe\xff")
-COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
+COMPRESSED = {
+    b"\x1f\x8b": "gzip",
+    b"BZh": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"PK\x03\x04": "zip",
+}
 
 
 def normalize_text(text: str, file_start: bool) -> str:
@@ -189,8 +196,10 @@ def check_text(data: bytes, offset: int = 0) -> tuple[int, str | None]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
-        return 0, (f"is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {offset + error.start}); convert it "
-                   "first, from its encoding (iconv -f WINDOWS-1252 -t UTF-8 for most Western European text)")
+        return 0, (
+            f"is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {offset + error.start}); convert it "
+            "first, from its encoding (iconv -f WINDOWS-1252 -t UTF-8 for most Western European text)"
+        )
     nul = data.find(b"\x00")
     if nul >= 0:
         return len(text), f"looks binary (NUL byte at offset {offset + nul})"
@@ -216,7 +225,9 @@ def validation_files(documents: list[Document], val_fraction: float) -> set[int]
     neither the first nor the last files in name order), every file that still fits within
     val_fraction of the corpus's characters."""
     wanted = val_fraction * sum(doc.chars for doc in documents)
-    order = sorted(documents, key=lambda doc: (hashlib.sha256(posixpath.basename(doc.path).encode()).digest(), doc.path))
+    order = sorted(
+        documents, key=lambda doc: (hashlib.sha256(posixpath.basename(doc.path).encode()).digest(), doc.path)
+    )
     chosen, chars = set(), 0
     for doc in order:
         if chars + doc.chars <= wanted:
@@ -309,7 +320,8 @@ def training_sample(documents: list[Document], cap_bytes: int) -> list[str]:
     total = sum(train_bytes)
     # Under the cap: the whole file, cut at the boundary below. Over it: a proportional prefix.
     lengths = [
-        (doc, doc.size if total <= cap_bytes else cap_bytes * size // total) for doc, size in zip(documents, train_bytes)
+        (doc, doc.size if total <= cap_bytes else cap_bytes * size // total)
+        for doc, size in zip(documents, train_bytes, strict=True)
     ]
 
     def read(item: tuple[Document, int]) -> str:

@@ -258,7 +258,9 @@ def local_files_below(path: str, recursive: bool, wanted) -> dict[str, int]:
                     visit(entry.path, name, real_folders | {real})
             elif wanted(name):
                 if not os.path.exists(entry.path):
-                    raise FileNotFoundError(f"{entry.path} is a link to {os.readlink(entry.path)}, which does not exist")
+                    raise FileNotFoundError(
+                        f"{entry.path} is a link to {os.readlink(entry.path)}, which does not exist"
+                    )
                 if entry.is_file():
                     files[name] = entry.stat().st_size
 
@@ -354,8 +356,11 @@ def create_run(config: PipelineConfig, run_id: str) -> str:
         cleared = [name for stage in stages.stale_stages(list(changed)) for name in clear_stage(folder, stage)]
         if cleared:
             settings = ", ".join(f"{path}: {old!r} -> {new!r}" for path, (old, new) in changed.items())
-            print(f"NOTE run folder {folder}: changed {settings}; stage(s) {', '.join(cleared)} no longer complete",
-                  file=sys.stderr, flush=True)
+            print(
+                f"NOTE run folder {folder}: changed {settings}; stage(s) {', '.join(cleared)} no longer complete",
+                file=sys.stderr,
+                flush=True,
+            )
     try:
         write_text(config_uri, config.to_json())
     except OSError as error:  # a lake in a read-only place, under a file, ...

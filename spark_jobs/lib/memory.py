@@ -133,6 +133,8 @@ def describe(need: dict[str, float], note: str = "") -> str:
 def check_local_training(config: PipelineConfig) -> dict[str, float]:
     """check_training_fits for workers that share this machine (target local)."""
     machine = machine_memory_mb()
-    where = (f"on this machine ({machine:,} MB, less {LOCAL_RESERVED_MB:,} MB for the rest of the run, "
-             f"shared by train.num_workers = {config.train.num_workers})")
+    where = (
+        f"on this machine ({machine:,} MB, less {LOCAL_RESERVED_MB:,} MB for the rest of the run, "
+        f"shared by train.num_workers = {config.train.num_workers})"
+    )
     return check_training_fits(config, local_worker_mb(config, machine), where)

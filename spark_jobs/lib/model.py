@@ -57,8 +57,14 @@ class DecoderBlock(keras.layers.Layer):
         self.residual_dropout = keras.layers.Dropout(dropout)
 
     def build(self, input_shape):
-        for layer, width in [(self.attention_norm, self.dim), (self.qkv, self.dim), (self.attention_out, self.dim),
-                             (self.mlp_norm, self.dim), (self.mlp_in, self.dim), (self.mlp_out, self.mlp_ratio * self.dim)]:
+        for layer, width in [
+            (self.attention_norm, self.dim),
+            (self.qkv, self.dim),
+            (self.attention_out, self.dim),
+            (self.mlp_norm, self.dim),
+            (self.mlp_in, self.dim),
+            (self.mlp_out, self.mlp_ratio * self.dim),
+        ]:
             layer.build((None, None, width))
 
     def attention(self, x, training):
@@ -75,8 +81,14 @@ class DecoderBlock(keras.layers.Layer):
         return x + self.residual_dropout(self.mlp_out(self.mlp_in(self.mlp_norm(x))), training=training)
 
     def get_config(self):
-        return {**super().get_config(), "dim": self.dim, "n_head": self.n_head, "mlp_ratio": self.mlp_ratio,
-                "dropout": self.dropout, "n_layer": self.n_layer}
+        return {
+            **super().get_config(),
+            "dim": self.dim,
+            "n_head": self.n_head,
+            "mlp_ratio": self.mlp_ratio,
+            "dropout": self.dropout,
+            "n_layer": self.n_layer,
+        }
 
 
 def build_decoder(

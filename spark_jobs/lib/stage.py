@@ -27,7 +27,9 @@ def run_folder(text: str) -> str:
 def parse_args(stage: str, argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=stage, description=f"Pipeline stage {stage!r} (a spark-submit application).")
     parser.add_argument(
-        "--run-dir", required=True, type=run_folder,
+        "--run-dir",
+        required=True,
+        type=run_folder,
         help="the run folder: a local path, file:///... or s3://bucket/prefix/runs/<run_id>",
     )
     return parser.parse_args(argv)
@@ -141,8 +143,10 @@ def brief(stats: dict, where: str, longest: int = 10) -> dict:
     """The stats for the log line: a list longer than `longest` (one entry per corpus file, say)
     is only counted there; the stats file holds it all."""
     return {
-        key: brief(value, where, longest) if isinstance(value, dict)
-        else f"{len(value)} entries, see {where}" if isinstance(value, list) and len(value) > longest
+        key: brief(value, where, longest)
+        if isinstance(value, dict)
+        else f"{len(value)} entries, see {where}"
+        if isinstance(value, list) and len(value) > longest
         else value
         for key, value in stats.items()
     }

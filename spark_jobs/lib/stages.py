@@ -48,7 +48,11 @@ def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
 def changed_settings(old: dict, new: dict) -> dict[str, tuple[Any, Any]]:
     """{setting: (old value, new value)} for every setting whose value differs."""
     before, after = flatten(old), flatten(new)
-    return {path: (before.get(path), after.get(path)) for path in sorted(before | after) if before.get(path) != after.get(path)}
+    return {
+        path: (before.get(path), after.get(path))
+        for path in sorted(before | after)
+        if before.get(path) != after.get(path)
+    }
 
 
 def stale_stages(changed: list[str]) -> list[str]:

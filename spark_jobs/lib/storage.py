@@ -59,7 +59,8 @@ def check_lake_room(config: PipelineConfig, sizes: dict[str, int]) -> None:
         else ""
     )
     raise PipelineError(
-        f"the run's windows and TFRecords need at least {total / GB:,.1f} GB (windows/ {need['windows_bytes'] / GB:,.1f}, "
+        f"the run's windows and TFRecords need at least {total / GB:,.1f} GB (windows/ "
+        f"{need['windows_bytes'] / GB:,.1f}, "
         f"tfrecords/ {need['tfrecords_bytes'] / GB:,.1f} for about {need['windows']:,.0f} windows{overlap}), more "
         f"than the {free / GB:,.1f} GB free for lake {config.lake}: raise data.stride, or put the lake on a larger disk"
     )

@@ -3,7 +3,7 @@ a writer to the lake, and a reader (framing, CRC check, Example decoding) for te
 
 A window of T+1 token ids becomes one Example with two features, both int64 lists of length T:
 `input_ids` = ids[:T] and `target_ids` = ids[1:]. `tf.data.TFRecordDataset` +
-`tf.io.parse_single_example` read these files; tests/test_tfrecord.py checks that byte for byte
+`tf.io.parse_single_example` read these files; tests/spark_jobs/test_tfrecord.py checks that byte for byte
 against `tf.io.TFRecordWriter` and `tf.train.Example.SerializeToString`.
 
 Record framing (TFRecord): uint64 length (little endian), masked CRC32C of those 8 bytes, the
@@ -19,7 +19,6 @@ from collections.abc import Iterator
 import numpy as np
 
 from spark_jobs.lib import lake
-
 
 INPUT_KEY = b"input_ids"
 TARGET_KEY = b"target_ids"
@@ -120,7 +119,7 @@ def concat_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
     n = parts[0][0].shape[0]
     bases = np.cumsum([0] + [matrix.size for matrix, _ in parts[:-1]])
     rows = np.arange(n)
-    starts = np.stack([base + rows * matrix.shape[1] for base, (matrix, _) in zip(bases, parts)], axis=1)
+    starts = np.stack([base + rows * matrix.shape[1] for base, (matrix, _) in zip(bases, parts, strict=True)], axis=1)
     source = np.concatenate([matrix.ravel() for matrix, _ in parts])
     return gather(source, starts, np.stack([lengths for _, lengths in parts], axis=1))
 

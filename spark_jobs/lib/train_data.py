@@ -29,13 +29,17 @@ def read_manifest(run: str, config: PipelineConfig) -> dict:
         if not info or not info.get("shards"):
             raise PipelineError(f"{uri} lists no {split} shards")
         if len(info.get("shard_windows", [])) != len(info["shards"]):
-            raise PipelineError(f"{uri} lacks the {split} shards' window counts (shard_windows): re-run the export stage")
+            raise PipelineError(
+                f"{uri} lacks the {split} shards' window counts (shard_windows): re-run the export stage"
+            )
         if len(info["shards"]) % workers:
             raise PipelineError(
                 f"{uri}: {len(info['shards'])} {split} shards cannot be split evenly across {workers} workers"
             )
     splits = manifest["splits"]
-    check_enough_windows(uri, splits["train"]["windows"], splits["val"]["windows"], len(splits["val"]["shards"]), config)
+    check_enough_windows(
+        uri, splits["train"]["windows"], splits["val"]["windows"], len(splits["val"]["shards"]), config
+    )
     return manifest
 
 
@@ -50,7 +54,7 @@ def local_shards(run: str, shards: list[str], local_dir: Path) -> list[str]:
     uris = [lake.join(run, "tfrecords", shard) for shard in shards]
     if run.startswith("file://"):
         return [lake.local_path(uri) for uri in uris]
-    return [str(lake.download_file(uri, local_dir / shard)) for uri, shard in zip(uris, shards)]
+    return [str(lake.download_file(uri, local_dir / shard)) for uri, shard in zip(uris, shards, strict=True)]
 
 
 # A parsed window: input and target ids, int32.

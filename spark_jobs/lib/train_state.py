@@ -53,11 +53,16 @@ def load_backup(run: str, model, optimizer, identity: dict) -> dict | None:
                 f"ignoring the training backup {uri} (step {meta['step']}): it was taken with "
                 f"{differences(meta, identity['settings'])}; training starts from step 0"
             )
-        variables = {f"{prefix}_{i}": variable for prefix, of in (("model", model), ("optimizer", optimizer))
-                     for i, variable in enumerate(of.variables)}  # fmt: skip
+        variables = {
+            f"{prefix}_{i}": variable
+            for prefix, of in (("model", model), ("optimizer", optimizer))
+            for i, variable in enumerate(of.variables)
+        }
         if set(variables) != set(saved.files) - {"meta"}:
-            raise OtherSettings(f"ignoring the training backup {uri} (step {meta['step']}): it holds other variables "
-                                "than this model and optimizer; training starts from step 0")
+            raise OtherSettings(
+                f"ignoring the training backup {uri} (step {meta['step']}): it holds other variables "
+                "than this model and optimizer; training starts from step 0"
+            )
         for name, variable in variables.items():
             variable.assign(saved[name])
     return meta

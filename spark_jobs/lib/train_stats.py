@@ -12,11 +12,30 @@ import numpy as np
 import psutil
 
 EPOCH_COLUMNS = (
-    "epoch", "step", "duration_ms", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "val_perplexity",
-    "val_nats_per_char", "val_bits_per_char", "grad_norm_mean", "grad_norm_max", "grad_norm_min", "grad_norm_var",
-    "learning_rate", "tokens_per_s", "process_memory_used_mb", "process_memory_total_mb", "process_memory_max_mb",
-    "process_cpu_load", "system_cpu_load", "workers", "resumed_from_step",
-)  # fmt: skip
+    "epoch",
+    "step",
+    "duration_ms",
+    "train_loss",
+    "train_accuracy",
+    "val_loss",
+    "val_accuracy",
+    "val_perplexity",
+    "val_nats_per_char",
+    "val_bits_per_char",
+    "grad_norm_mean",
+    "grad_norm_max",
+    "grad_norm_min",
+    "grad_norm_var",
+    "learning_rate",
+    "tokens_per_s",
+    "process_memory_used_mb",
+    "process_memory_total_mb",
+    "process_memory_max_mb",
+    "process_cpu_load",
+    "system_cpu_load",
+    "workers",
+    "resumed_from_step",
+)
 
 MB = 1024 * 1024
 
@@ -66,8 +85,21 @@ class IntervalStats:
             self.timed_steps += 1
             self.train_seconds += seconds
 
-    def row(self, *, epoch: int, step: int, duration_s: float, tokens_per_step: int, learning_rate: float,
-            val_loss: float, val_accuracy: float, tokens: int, chars: int, workers: int, resumed_from_step: int) -> dict:
+    def row(
+        self,
+        *,
+        epoch: int,
+        step: int,
+        duration_s: float,
+        tokens_per_step: int,
+        learning_rate: float,
+        val_loss: float,
+        val_accuracy: float,
+        tokens: int,
+        chars: int,
+        workers: int,
+        resumed_from_step: int,
+    ) -> dict:
         norms = np.array(self.grad_norms, dtype=np.float64)
         val_nats = nats_per_char(val_loss, tokens, chars)
         memory = self.process.memory_info()
@@ -88,7 +120,9 @@ class IntervalStats:
             "grad_norm_var": float(norms.var()),
             "learning_rate": learning_rate,
             # None (empty) for an interval of the compiling step alone
-            "tokens_per_s": self.timed_steps * tokens_per_step / max(self.train_seconds, 1e-9) if self.timed_steps else None,
+            "tokens_per_s": self.timed_steps * tokens_per_step / max(self.train_seconds, 1e-9)
+            if self.timed_steps
+            else None,
             "process_memory_used_mb": memory.rss / MB,
             "process_memory_total_mb": memory.vms / MB,
             # ru_maxrss is in kB on Linux.

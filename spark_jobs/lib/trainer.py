@@ -111,10 +111,14 @@ class Worker:
         }
         with strategy.scope():
             self.model = build_decoder(
-                vocab_size=self.manifest["vocab_size"], block_size=self.block_size, dim=config.embedding.dim,
-                n_layer=config.model.n_layer, n_head=config.model.n_head, mlp_ratio=config.model.mlp_ratio,
+                vocab_size=self.manifest["vocab_size"],
+                block_size=self.block_size,
+                dim=config.embedding.dim,
+                n_layer=config.model.n_layer,
+                n_head=config.model.n_head,
+                mlp_ratio=config.model.mlp_ratio,
                 dropout=config.model.dropout,
-            )  # fmt: skip
+            )
             initialise_embedding(self.model, *embedding_tables(config, run))
             self.optimizer, self.schedule = build_optimizer(config)
             self.optimizer.build(self.model.trainable_variables)
@@ -131,13 +135,21 @@ class Worker:
         windows = sum(self.manifest["splits"][split]["windows"] for split in SPLITS) // self.workers
         self.in_memory = train_data.keep_in_memory(windows, self.block_size, self.memory_room_bytes())
         if not self.in_memory and self.is_chief:
-            print(f"[train] {windows:,} windows per worker do not fit in memory: every pass reads them from local disk",
-                  flush=True)
+            print(
+                f"[train] {windows:,} windows per worker do not fit in memory: every pass reads them from local disk",
+                flush=True,
+            )
         self.train_iterator = self._distributed(
             # A seed per worker: with equal shard sizes one seed would put the same positions of
             # every worker's shards (often overlapping neighbour windows) in the same batch.
-            lambda: train_data.train_batches(files["train"], self.block_size, self.per_worker_batch,
-                                             config.train.seed + self.index, self.start_step, self.in_memory)  # fmt: skip
+            lambda: train_data.train_batches(
+                files["train"],
+                self.block_size,
+                self.per_worker_batch,
+                config.train.seed + self.index,
+                self.start_step,
+                self.in_memory,
+            )
         )
         self.val_iterator = self._distributed(
             lambda: train_data.eval_batches(files["val"], self.block_size, self.per_worker_batch, self.in_memory)
@@ -173,7 +185,9 @@ class Worker:
         def forward_backward(inputs, targets):
             with tf.GradientTape() as tape:
                 losses, hits = token_losses_and_hits(model(inputs, training=True), targets)
-                share = tf.reduce_mean(losses) / workers  # summed over workers: the gradient of the whole batch's mean loss
+                share = (
+                    tf.reduce_mean(losses) / workers
+                )  # summed over workers: the gradient of the whole batch's mean loss
             grads = tape.gradient(share, model.trainable_variables)
             # Dense (the embedding's gradient comes as IndexedSlices), for one packed all-reduce.
             return share, tf.reduce_mean(hits) / workers, [tf.convert_to_tensor(g) for g in grads]
@@ -196,13 +210,19 @@ class Worker:
             return summed[-2], summed[-1], norm
 
         def replica_eval_step(inputs, targets, weights):
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, list(forward(inputs, targets, weights)))
+            return tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, list(forward(inputs, targets, weights))
+            )
 
         def local(values):
             return [self.strategy.experimental_local_results(value)[0] for value in values]
 
-        self.train_step = tf.function(lambda: local(self.strategy.run(replica_train_step, args=next(self.train_iterator))))
-        self.eval_step_of = lambda iterator: tf.function(lambda: local(self.strategy.run(replica_eval_step, args=next(iterator))))
+        self.train_step = tf.function(
+            lambda: local(self.strategy.run(replica_train_step, args=next(self.train_iterator)))
+        )
+        self.eval_step_of = lambda iterator: tf.function(
+            lambda: local(self.strategy.run(replica_eval_step, args=next(iterator)))
+        )
         self.eval_step = self.eval_step_of(self.val_iterator)
 
     def evaluate(self, eval_step, batches: int) -> tuple[float, float]:
@@ -250,10 +270,13 @@ class Worker:
         """progress/train.json in the run folder: how far training is, for whoever watches the run."""
         last = self.config.train.max_steps
         progress = {
-            "step": step, "max_steps": last, "loss": round(loss, 4), "tokens_per_s": round(tokens_per_s),
+            "step": step,
+            "max_steps": last,
+            "loss": round(loss, 4),
+            "tokens_per_s": round(tokens_per_s),
             "seconds_left": round((last - step) * seconds_per_step),
             "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }  # fmt: skip
+        }
         try:
             lake.write_json(lake.join(self.run, lake.progress_path("train")), progress)
         except OSError as error:  # progress is for watching: a failed write must not stop training
@@ -267,12 +290,22 @@ class Worker:
         """Evaluate (on the whole validation split after the last step, within a limit) and add
         the interval's row to stats/epochs.csv."""
         split = self.manifest["splits"]["val"]
-        val_loss, val_accuracy = self.evaluate_whole_split() if last else self.evaluate(self.eval_step, self.config.train.eval_batches)
+        val_loss, val_accuracy = (
+            self.evaluate_whole_split() if last else self.evaluate(self.eval_step, self.config.train.eval_batches)
+        )
         row = stats.row(
-            epoch=len(self.rows) + 1, step=step, duration_s=seconds, tokens_per_step=self.tokens_per_step,
-            learning_rate=float(self.schedule(step - 1)), val_loss=val_loss, val_accuracy=val_accuracy,
-            tokens=split["tokens"], chars=split["chars"], workers=self.workers, resumed_from_step=self.start_step,
-        )  # fmt: skip
+            epoch=len(self.rows) + 1,
+            step=step,
+            duration_s=seconds,
+            tokens_per_step=self.tokens_per_step,
+            learning_rate=float(self.schedule(step - 1)),
+            val_loss=val_loss,
+            val_accuracy=val_accuracy,
+            tokens=split["tokens"],
+            chars=split["chars"],
+            workers=self.workers,
+            resumed_from_step=self.start_step,
+        )
         self.rows.append(row)
         if self.is_chief:
             rate = row["tokens_per_s"]  # None after the compiling step alone

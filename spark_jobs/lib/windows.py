@@ -94,7 +94,8 @@ def with_separators(pieces: list[Piece], separator: int, block_size: int) -> tup
     ends = {(doc_id, split, piece) for (doc_id, split), piece in last.items()}
     return [
         replace(item, n_tokens=item.n_tokens + 1, head=np.append(as_ids(item.head), separator)[:block_size])
-        if (item.doc_id, item.split, item.piece) in ends else item
+        if (item.doc_id, item.split, item.piece) in ends
+        else item
         for item in pieces
     ], ends
 
@@ -117,7 +118,8 @@ def plan_windows(
     pieces: list[Piece], block_size: int, stride: int, separator: int | None = None
 ) -> tuple[dict[tuple[int, str, int], PiecePlan], dict]:
     """Which windows each piece produces, and the counts: ({(doc_id, split, piece): PiecePlan},
-    {"splits": {split: {"windows", "tokens", "covered_tokens", "sequences"}}, "sequences": [{doc_id, split, tokens, windows}]}).
+    {"splits": {split: {"windows", "tokens", "covered_tokens", "sequences"}},
+     "sequences": [{doc_id, split, tokens, windows}]}).
     A sequence is one file's part of a split; with a `separator` token (data.pack_documents) it is
     the whole split, every file's part followed by the separator (doc_id PACKED)."""
     ends: set = set()
@@ -161,7 +163,9 @@ def plan_windows(
 PART_NAMES = {"train": "training part", "val": "validation part"}
 
 
-def check_windows(counts: dict, block_size: int, stride: int, paths: dict[int, str], val_split: str = "tail") -> list[str]:
+def check_windows(
+    counts: dict, block_size: int, stride: int, paths: dict[int, str], val_split: str = "tail"
+) -> list[str]:
     """Stop with a message naming the file(s) when a split has no window at all; return warnings
     for files whose part of a split is too short to give one, and for a split whose windows leave
     much of its text unused. `val_split` is the split tokenize used (data.val_split)."""
@@ -180,8 +184,12 @@ def check_windows(counts: dict, block_size: int, stride: int, paths: dict[int, s
             have = longest["tokens"] if longest else 0
             remedies = ["more text", "a smaller data.block_size"]
             remedies += ["a larger data.val_fraction"] if split == "val" else []
-            remedies += ["data.val_split=tail (each file's last part)"] if split == "val" and val_split == "files" else []
-            remedies += ["data.pack_documents=true (windows across files)"] if len(paths) > 1 and longest and not packed else []
+            remedies += (
+                ["data.val_split=tail (each file's last part)"] if split == "val" and val_split == "files" else []
+            )
+            remedies += (
+                ["data.pack_documents=true (windows across files)"] if len(paths) > 1 and longest and not packed else []
+            )
             raise PipelineError(
                 f"{where} is shorter than one window: its {PART_NAMES[split]} has {have} tokens and a window needs "
                 f"data.block_size + 1 = {needed}; use {', '.join(remedies[:-1])} or {remedies[-1]}"

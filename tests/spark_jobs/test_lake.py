@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from include.local_s3 import LocalS3
+from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import load_config, to_uri
 from spark_jobs.lib.errors import PipelineError
 
 NAMES = ["Les Misérables #1.txt", "100% poems.txt", "plain.txt"]
 BUCKET = "lake-names"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,9 @@ def test_a_corpus_on_an_s3_that_cannot_be_reached_is_named(monkeypatch, s3):
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")  # nothing listens there
     config = load_config(overrides=[{"corpus": f"s3://{BUCKET}/books/*.txt"}])
-    with pytest.raises(PipelineError, match=rf"^corpus s3://{BUCKET}/books/\*.txt cannot be listed: .*Could not connect"):
+    with pytest.raises(
+        PipelineError, match=rf"^corpus s3://{BUCKET}/books/\*.txt cannot be listed: .*Could not connect"
+    ):
         lake.corpus_files(config)
 
 
@@ -74,15 +76,26 @@ HIDDEN = [".DS_Store", "_SUCCESS", ".git/objects/ab", "austen/.emma.txt.crc", "_
 
 @pytest.mark.parametrize(
     "pattern, wanted",
-    [("", TREE), ("a.txt", ["a.txt"]), ("*.txt", ["a.txt"]), ("*/*.txt", ["austen/emma.txt"]),
-     ("**/*.txt", ["a.txt", "austen/emma.txt", "bronte/vol1/jane.txt", "bronte/vol2/jane.txt"]),
-     ("**", TREE), ("bronte/vol?/*.txt", ["bronte/vol1/jane.txt", "bronte/vol2/jane.txt"]),
-     ("[ab]*/**/*.md", ["austen/notes.md"]), ("*/vol1/*", ["bronte/vol1/jane.txt"]), ("austen", TREE[2:4]),
-     ("nothing/*.txt", []), ("**/*.pdf", []),
-     # Hidden names (as Hadoop hides them) only where the glob names them so.
-     (".*", [".DS_Store"]), ("_*", ["_SUCCESS"]), ("austen/.*.crc", ["austen/.emma.txt.crc"]),
-     ("_temporary/**/*.txt", ["_temporary/0/part-0.txt"])],
-)  # fmt: skip
+    [
+        ("", TREE),
+        ("a.txt", ["a.txt"]),
+        ("*.txt", ["a.txt"]),
+        ("*/*.txt", ["austen/emma.txt"]),
+        ("**/*.txt", ["a.txt", "austen/emma.txt", "bronte/vol1/jane.txt", "bronte/vol2/jane.txt"]),
+        ("**", TREE),
+        ("bronte/vol?/*.txt", ["bronte/vol1/jane.txt", "bronte/vol2/jane.txt"]),
+        ("[ab]*/**/*.md", ["austen/notes.md"]),
+        ("*/vol1/*", ["bronte/vol1/jane.txt"]),
+        ("austen", TREE[2:4]),
+        ("nothing/*.txt", []),
+        ("**/*.pdf", []),
+        # Hidden names (as Hadoop hides them) only where the glob names them so.
+        (".*", [".DS_Store"]),
+        ("_*", ["_SUCCESS"]),
+        ("austen/.*.crc", ["austen/.emma.txt.crc"]),
+        ("_temporary/**/*.txt", ["_temporary/0/part-0.txt"]),
+    ],
+)
 def test_a_corpus_glob_matches_in_any_path_component(folder, pattern, wanted):
     for name in TREE + HIDDEN:
         lake.write_text(lake.join(folder, name), "text\n")
@@ -109,10 +122,14 @@ def assert_emr_lists(uri: str, expected: dict[str, int]) -> None:
 
 @pytest.mark.parametrize(
     "pattern, wanted",
-    [("Hamlet [1603].txt", ["Hamlet [1603].txt"]), ("what?.txt", ["what?.txt"]), ("drafts [old]", ["drafts [old]/a.txt"]),
-     ("Hamlet [12].txt", ["Hamlet 1.txt"]),  # no such file: a glob
-     ("Hamlet [[]1603].txt", ["Hamlet [1603].txt"])],  # '[[]' matches a '['
-)  # fmt: skip
+    [
+        ("Hamlet [1603].txt", ["Hamlet [1603].txt"]),
+        ("what?.txt", ["what?.txt"]),
+        ("drafts [old]", ["drafts [old]/a.txt"]),
+        ("Hamlet [12].txt", ["Hamlet 1.txt"]),  # no such file: a glob
+        ("Hamlet [[]1603].txt", ["Hamlet [1603].txt"]),
+    ],  # '[[]' matches a '['
+)
 def test_a_name_holding_glob_characters_is_taken_as_it_is_when_it_exists(folder, pattern, wanted):
     # As globs, 'Hamlet [1603].txt' would match 'Hamlet 1.txt' and not itself, 'what?.txt' also 'whatX.txt'.
     for name in ["Hamlet [1603].txt", "Hamlet 1.txt", "what?.txt", "whatX.txt", "drafts [old]/a.txt", "drafts o/a.txt"]:
@@ -142,7 +159,8 @@ def test_links_in_a_local_corpus_count_each_file_once(tmp_path):
         assert lake.corpus_files(load_config(overrides=[{"corpus": str(pattern)}])) == wanted, pattern
     # Through the loop, austen/ reaches the whole of books/; each file keeps the name without a link.
     assert lake.corpus_files(load_config(overrides=[{"corpus": str(books / "austen")}])) == {
-        lake.join(to_uri(str(books)), "austen/again/bronte/jane.txt"): 10, emma: 5
+        lake.join(to_uri(str(books)), "austen/again/bronte/jane.txt"): 10,
+        emma: 5,
     }
     both = load_config(overrides=[{"corpus": [str(books / "favourite.txt"), str(books / "austen" / "emma.txt")]}])
     assert lake.corpus_files(both) == {emma: 5}
@@ -155,7 +173,9 @@ def test_links_in_a_local_corpus_count_each_file_once(tmp_path):
         assert lake.corpus_files(load_config(overrides=[{"corpus": str(pattern)}])) == wanted, pattern
 
     (books / "gone.txt").symlink_to(tmp_path / "deleted.txt")
-    with pytest.raises(PipelineError, match=rf"cannot be listed: .*gone.txt is a link to .*deleted.txt, which does not exist"):
+    with pytest.raises(
+        PipelineError, match=r"cannot be listed: .*gone.txt is a link to .*deleted.txt, which does not exist"
+    ):
         lake.corpus_files(load_config(overrides=[{"corpus": str(books)}]))
 
 

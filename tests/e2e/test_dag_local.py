@@ -15,9 +15,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from include.airflow_local import AIRFLOW, DAG_ID, prepare
-from include.local_s3 import LocalS3
 from include.spark_submit import STAGES
+from local_platform.airflow_runner import AIRFLOW, DAG_ID, prepare
+from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import REPO_ROOT, load_config
 
@@ -52,8 +52,13 @@ def dags_test(env: dict, conf: dict, timeout_s: int = 900) -> tuple[int, str]:
     (Spark and TensorFlow processes included) and the test fails."""
     process = subprocess.Popen(
         [str(AIRFLOW), "dags", "test", DAG_ID, "--conf", json.dumps(conf)],
-        env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        env=env,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -76,17 +81,26 @@ def last_run_states(home) -> tuple[str, str, dict[str, str]]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "form, message",
-    [({"stride": 0}, "invalid configuration: data.stride: Input should be greater than or equal to 1 (got 0)"),
-     ({"block_size": 4096, "stride": 2048, "batch_size": 512},
-      "ConfigError: training needs about 586,770 MB per worker (runtime 1,000,"),
-     ({"overrides": ["schedule=@daily"]},
-      "ConfigError: schedule: this DAG's schedule is None, read from pipeline.yaml when Airflow parses the DAG; "
-      "a run cannot change it (got '@daily')"),
-     ({"overrides": ["s3.prefix=elsewhere"]},
-      "ConfigError: s3.prefix: this DAG's s3.prefix is 'runs', read from pipeline.yaml when Airflow parses the DAG; "
-      "a run cannot change it (got 'elsewhere')")],
+    [
+        ({"stride": 0}, "invalid configuration: data.stride: Input should be greater than or equal to 1 (got 0)"),
+        (
+            {"block_size": 4096, "stride": 2048, "batch_size": 512},
+            "ConfigError: training needs about 586,770 MB per worker (runtime 1,000,",
+        ),
+        (
+            {"overrides": ["schedule=@daily"]},
+            "ConfigError: schedule: this DAG's schedule is None, read from pipeline.yaml when Airflow parses the DAG; "
+            "a run cannot change it (got '@daily')",
+        ),
+        (
+            {"overrides": ["s3.prefix=elsewhere"]},
+            "ConfigError: s3.prefix: this DAG's s3.prefix is 'runs', read from pipeline.yaml when Airflow "
+            "parses the DAG; "
+            "a run cannot change it (got 'elsewhere')",
+        ),
+    ],
     ids=["bad value", "model too big for this machine", "schedule", "record prefix"],
-)  # fmt: skip
+)
 def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, tmp_path, form, message):
     env, _, home = local_airflow
     form = {**form, "overrides": [f"lake={tmp_path / 'lake'}", *form.get("overrides", [])]}
@@ -181,12 +195,16 @@ def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airfl
 
     # promote pointed the run name's latest pointer at this model and updated the model asset.
     pointer = json.loads(client.get_object(Bucket=BUCKET, Key="runs/latest/e2e.json")["Body"].read())
-    assert pointer["model"] == f"s3://{BUCKET}/{prefix}model/" and pointer["val_nats_per_char"] == report["val_nats_per_char"]
+    assert (
+        pointer["model"] == f"s3://{BUCKET}/{prefix}model/"
+        and pointer["val_nats_per_char"] == report["val_nats_per_char"]
+    )
     with sqlite3.connect(home / "airflow.db") as db:
         events = db.execute(
             "SELECT asset.uri, asset_event.extra FROM asset_event JOIN asset ON asset.id = asset_event.asset_id "
-            "WHERE asset_event.source_run_id = ?", (run_id,)
-        ).fetchall()  # fmt: skip
+            "WHERE asset_event.source_run_id = ?",
+            (run_id,),
+        ).fetchall()
     assert [(uri, json.loads(extra)["pointer"]["model"]) for uri, extra in events] == [
         (f"s3://{BUCKET}/runs/latest", pointer["model"])
     ]

@@ -36,8 +36,14 @@ CORPUS = f"s3://{BUCKET}/corpus/*.txt"
 OVERRIDES = {"target": "emr", "corpus": CORPUS, "lake": f"s3://{BUCKET}/lake", "emr": {"poke_interval_seconds": 1}}
 SONNET_LINE = b"Shall I compare thee to a summer's day?\n"
 TRAIN_STATS = {"final_val_loss": 4.2, "final_val_nats_per_char": 1.3}
-TRAIN_PROGRESS = {"step": 1200, "max_steps": 3000, "loss": 3.21, "tokens_per_s": 25000, "seconds_left": 700,
-                  "updated_at": "2026-11-22T10:00:00Z"}  # fmt: skip
+TRAIN_PROGRESS = {
+    "step": 1200,
+    "max_steps": 3000,
+    "loss": 3.21,
+    "tokens_per_s": 25000,
+    "seconds_left": 700,
+    "updated_at": "2026-11-22T10:00:00Z",
+}
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +61,13 @@ def airflow_db():
     from airflow.utils.db import resetdb
 
     resetdb()
-    bundles = [{"name": "emr-test-dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-                "kwargs": {"path": str(DAG_FILE.parent), "refresh_interval": 0}}]
+    bundles = [
+        {
+            "name": "emr-test-dags",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(DAG_FILE.parent), "refresh_interval": 0},
+        }
+    ]
     previous = conf.get("dag_processor", "dag_bundle_config_list")
     conf.set("dag_processor", "dag_bundle_config_list", json.dumps(bundles))
     yield
@@ -109,11 +120,21 @@ class Cluster(threading.Thread):
     """Plays the EMR cluster: finishes every added step in order, as its stage would. `failures`
     maps a stage to how many of its steps fail, each leaving its error in the run folder as the
     stage does (bad input when `bad_input`); a completed step writes its stage's marker. The steps
-    of the stages in `hanging` run forever, and those in `timed_out` end as their time limit ends them. With `ends_with`, the cluster ends with that reason once
+    of the stages in `hanging` run forever, and those in `timed_out` end as their time limit ends
+    them. With `ends_with`, the cluster ends with that reason once
     it has a step, or, with `ends_after` too, once that stage's step has completed."""
 
-    def __init__(self, s3, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), slow_train=False,
-                 ends_with: str | None = None, ends_after: str | None = None, timed_out=()):  # fmt: skip
+    def __init__(
+        self,
+        s3,
+        failures: dict[str, int] | None = None,
+        bad_input: bool = False,
+        hanging=(),
+        slow_train=False,
+        ends_with: str | None = None,
+        ends_after: str | None = None,
+        timed_out=(),
+    ):
         super().__init__(daemon=True)
         self.s3, self.failures, self.bad_input, self.hanging = s3, dict(failures or {}), bad_input, hanging
         self.timed_out = timed_out
@@ -193,8 +214,18 @@ class Cluster(threading.Thread):
         self.join()
 
 
-def run_dag(aws, failures: dict[str, int] | None = None, bad_input: bool = False, hanging=(), time_limit_s=None,
-            slow_train=False, ends_with=None, ends_after=None, form: dict | None = None, timed_out=()):
+def run_dag(
+    aws,
+    failures: dict[str, int] | None = None,
+    bad_input: bool = False,
+    hanging=(),
+    time_limit_s=None,
+    slow_train=False,
+    ends_with=None,
+    ends_after=None,
+    form: dict | None = None,
+    timed_out=(),
+):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     for task_id in (*STAGES, "terminate_cluster"):
         dag.get_task(task_id).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
@@ -250,7 +281,9 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     assert cluster["ReleaseLabel"] == config.emr.release_label
     assert cluster["Status"]["State"] == "TERMINATED"
     groups = aws["emr"].list_instance_groups(ClusterId=cluster["Id"])["InstanceGroups"]
-    assert sorted((g["InstanceGroupType"], g["InstanceType"], g["RequestedInstanceCount"], g["Market"]) for g in groups) == [
+    assert sorted(
+        (g["InstanceGroupType"], g["InstanceType"], g["RequestedInstanceCount"], g["Market"]) for g in groups
+    ) == [
         ("CORE", config.emr.core_instance_type, config.emr.core_instance_count, "ON_DEMAND"),
         ("MASTER", config.emr.master_instance_type, 1, "ON_DEMAND"),
     ]
@@ -284,10 +317,15 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     assert report["sample"] == "The man starts with a song"
     # with the cluster's steps, as EMR reported them just before the cluster was terminated
     assert report["emr"]["cluster_id"] == cluster["Id"] and report["emr"]["release"] == config.emr.release_label
-    assert [(step["name"], step["state"]) for step in report["emr"]["steps"]] == [(stage, "COMPLETED") for stage in STAGES]
+    assert [(step["name"], step["state"]) for step in report["emr"]["steps"]] == [
+        (stage, "COMPLETED") for stage in STAGES
+    ]
     assert report["emr"]["cost_usd_so_far"] >= 0 and all(step["seconds"] is not None for step in report["emr"]["steps"])
     report_md = s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{lake.safe_run_id(run_id)}/report.md").decode()
-    assert f"## EMR\n\nCluster {cluster['Id']} ({config.emr.release_label})" in report_md and "| train | COMPLETED |" in report_md
+    assert (
+        f"## EMR\n\nCluster {cluster['Id']} ({config.emr.release_label})" in report_md
+        and "| train | COMPLETED |" in report_md
+    )
     # promote pointed the run name's latest pointer at the collected model.
     pointer = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/latest/{config.run_name}.json"))
     assert pointer["model"] == report["s3_uri"] + "model/" and pointer["run"] == lake.safe_run_id(run_id)
@@ -324,7 +362,10 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
     assert step_states(aws)[:3] == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "COMPLETED")]
     assert "window stopped: RuntimeError: the executor was lost" in "".join(capfd.readouterr())
     # the retried step is the same command
-    steps = {step["Name"]: step["Config"]["Args"] for step in aws["emr"].list_steps(ClusterId=only_cluster(aws)["Id"])["Steps"]}
+    steps = {
+        step["Name"]: step["Config"]["Args"]
+        for step in aws["emr"].list_steps(ClusterId=only_cluster(aws)["Id"])["Steps"]
+    }
     assert steps["window (try 2)"] == steps["window"]
 
 
@@ -332,7 +373,10 @@ def test_the_train_task_logs_the_progress_the_running_step_reports(airflow_db, a
     dag_run, states, _ = run_dag(aws, slow_train=True)
     assert dag_run.state == "success", states
     logged = "".join(capfd.readouterr())
-    assert "train: step 1,200 of 3,000 (40%), loss 3.2100, 25,000 tokens/s, about 12 min left (at 2026-11-22T10:00:00Z)" in logged
+    assert (
+        "train: step 1,200 of 3,000 (40%), loss 3.2100, 25,000 tokens/s, about 12 min left (at 2026-11-22T10:00:00Z)"
+        in logged
+    )
 
 
 def test_a_step_that_fails_in_every_try_fails_the_run_and_the_cluster_is_still_terminated(airflow_db, aws):
@@ -430,7 +474,10 @@ def test_a_corpus_too_small_for_a_window_fails_before_any_cluster_exists(airflow
     dag_run, states, finished = run_dag(aws)
 
     logged = "".join(capfd.readouterr())
-    assert "PipelineError: the corpus holds 40 bytes, so at most 40 tokens, and a window needs data.block_size + 1 = 129" in logged
+    assert (
+        "PipelineError: the corpus holds 40 bytes, so at most 40 tokens, and a window needs data.block_size + 1 = 129"
+        in logged
+    )
     assert dag_run.state == "failed" and states["validate_config"] == "failed"
     assert states["create_cluster"] == "upstream_failed" and finished == []
     assert aws["emr"].list_clusters()["Clusters"] == []
@@ -447,19 +494,25 @@ def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluste
     dag_run, states, finished = run_dag(aws)
 
     logged = "".join(capfd.readouterr())
-    assert "PipelineError: each of the 2 training workers copies at least 1.3 GB of TFRecord shards to its core " \
-           "node, more than its emr.core_ebs_gb = 1 GB volume" in logged  # fmt: skip
+    assert (
+        "PipelineError: each of the 2 training workers copies at least 1.3 GB of TFRecord shards to its core "
+        "node, more than its emr.core_ebs_gb = 1 GB volume" in logged
+    )
     assert states["validate_config"] == "failed" and finished == []
     assert aws["emr"].list_clusters()["Clusters"] == []
 
 
 @pytest.mark.parametrize(
     "setting, message",
-    [({"s3": {"bucket": "no-such-bucket"}}, "s3.bucket: bucket 'no-such-bucket' does not exist"),
-     ({"emr": {"log_uri": "s3://no-such-logs/emr/"}}, "emr.log_uri: bucket 'no-such-logs' does not exist")],
+    [
+        ({"s3": {"bucket": "no-such-bucket"}}, "s3.bucket: bucket 'no-such-bucket' does not exist"),
+        ({"emr": {"log_uri": "s3://no-such-logs/emr/"}}, "emr.log_uri: bucket 'no-such-logs' does not exist"),
+    ],
     ids=["record", "logs"],
-)  # fmt: skip
-def test_a_bucket_that_does_not_exist_fails_before_any_cluster_exists(airflow_db, aws, emr_defaults, capfd, setting, message):
+)
+def test_a_bucket_that_does_not_exist_fails_before_any_cluster_exists(
+    airflow_db, aws, emr_defaults, capfd, setting, message
+):
     emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), setting)))
     dag_run, states, finished = run_dag(aws)
 

@@ -44,24 +44,32 @@ def test_bad_values_name_the_field(override, field):
 
 @pytest.mark.parametrize(
     "override, field",
-    [("corpus=gs://bucket/books/*.txt", "corpus"), ("corpus=https://example.com/a.txt", "corpus"),
-     ("lake=hdfs://namenode/lake", "lake"), ("lake=s3a://bucket/lake", "lake")],
-)  # fmt: skip
+    [
+        ("corpus=gs://bucket/books/*.txt", "corpus"),
+        ("corpus=https://example.com/a.txt", "corpus"),
+        ("lake=hdfs://namenode/lake", "lake"),
+        ("lake=s3a://bucket/lake", "lake"),
+    ],
+)
 def test_a_uri_the_lake_cannot_read_is_named_before_anything_runs(override, field):
     scheme = override.split("=", 1)[1].split("://")[0]
-    with pytest.raises(ConfigError, match=rf"{field}: unsupported URI scheme {scheme}://; use a local path, file:// or s3://"):
+    with pytest.raises(
+        ConfigError, match=rf"{field}: unsupported URI scheme {scheme}://; use a local path, file:// or s3://"
+    ):
         load_config(overrides=[override])
 
 
 @pytest.mark.parametrize(
     "override, message",
-    [("corpus=2024", r"corpus: Input should be a valid list \(got 2024\)"),
-     ("corpus=[[a.txt]]", "corpus.0: Input should be a valid string"),
-     ("corpus=~nosuchuser/books", "corpus: ~nosuchuser/books: Could not determine home directory"),
-     ("s3.bucket=my bucket", "s3.bucket: 'my bucket' is not an S3 bucket name"),
-     ("corpus=s3://books-*/a.txt", "corpus: 'books-\\*' is not an S3 bucket name: .* \\(and no glob\\)"),
-     ("emr.log_uri=s3://EMR_logs/", "emr.log_uri: 'EMR_logs' is not an S3 bucket name")],
-)  # fmt: skip
+    [
+        ("corpus=2024", r"corpus: Input should be a valid list \(got 2024\)"),
+        ("corpus=[[a.txt]]", "corpus.0: Input should be a valid string"),
+        ("corpus=~nosuchuser/books", "corpus: ~nosuchuser/books: Could not determine home directory"),
+        ("s3.bucket=my bucket", "s3.bucket: 'my bucket' is not an S3 bucket name"),
+        ("corpus=s3://books-*/a.txt", "corpus: 'books-\\*' is not an S3 bucket name: .* \\(and no glob\\)"),
+        ("emr.log_uri=s3://EMR_logs/", "emr.log_uri: 'EMR_logs' is not an S3 bucket name"),
+    ],
+)
 def test_odd_values_get_one_line_naming_the_field_not_a_traceback(override, message):
     with pytest.raises(ConfigError, match=rf"^invalid configuration: {message}"):
         load_config(overrides=[override])
@@ -69,9 +77,15 @@ def test_odd_values_get_one_line_naming_the_field_not_a_traceback(override, mess
 
 @pytest.mark.parametrize(
     "override",
-    ["tokenizer.train_sample_mb=.inf", "train.grad_clip=.inf", "generate.temperature=.inf", "train.learning_rate=.nan",
-     "emr.max_cost_usd=.inf", "emr.train_seconds_per_step=.inf"],
-)  # fmt: skip
+    [
+        "tokenizer.train_sample_mb=.inf",
+        "train.grad_clip=.inf",
+        "generate.temperature=.inf",
+        "train.learning_rate=.nan",
+        "emr.max_cost_usd=.inf",
+        "emr.train_seconds_per_step=.inf",
+    ],
+)
 def test_infinity_and_nan_are_refused_where_json_would_make_them_null(override):
     """A run's config.json holds no infinity: it would come back as null and fail every stage."""
     field = override.split("=")[0]
@@ -80,16 +94,22 @@ def test_infinity_and_nan_are_refused_where_json_would_make_them_null(override):
 
 
 def test_a_gradient_clip_past_what_float32_holds_is_refused():
-    with pytest.raises(ConfigError, match=r"^invalid configuration: train.grad_clip: Input should be less than or equal to 1000000000"):
+    with pytest.raises(
+        ConfigError, match=r"^invalid configuration: train.grad_clip: Input should be less than or equal to 1000000000"
+    ):
         load_config(overrides=["train.grad_clip=1.0e39"])
 
 
 @pytest.mark.parametrize("field", ["train.seed", "embedding.word2vec.seed", "generate.seed"])
 def test_a_seed_is_refused_where_numpy_would_refuse_it(field):
     # keras.utils.set_random_seed (np.random.seed) takes 0 to 2**32 - 1, np.random.default_rng no negative seed.
-    with pytest.raises(ConfigError, match=rf"^invalid configuration: {field}: Input should be greater than or equal to 0 \(got -1\)$"):
+    with pytest.raises(
+        ConfigError, match=rf"^invalid configuration: {field}: Input should be greater than or equal to 0 \(got -1\)$"
+    ):
         load_config(overrides=[f"{field}=-1"])
-    with pytest.raises(ConfigError, match=rf"^invalid configuration: {field}: Input should be less than or equal to 4294967295"):
+    with pytest.raises(
+        ConfigError, match=rf"^invalid configuration: {field}: Input should be less than or equal to 4294967295"
+    ):
         load_config(overrides=[f"{field}={2**32}"])
     assert load_config(overrides=[f"{field}={2**32 - 1}"]) is not None
 
@@ -103,12 +123,19 @@ def test_unknown_keys_are_rejected():
 
 @pytest.mark.parametrize(
     "override, meant",
-    [("train.stride=0", "data.stride"), ("train.max_step=3", "train.max_steps"), ("trian.max_steps=3", "train"),
-     ("embedding.word2vec.mincount=2", "embedding.word2vec.min_count")],
-)  # fmt: skip
+    [
+        ("train.stride=0", "data.stride"),
+        ("train.max_step=3", "train.max_steps"),
+        ("trian.max_steps=3", "train"),
+        ("embedding.word2vec.mincount=2", "embedding.word2vec.min_count"),
+    ],
+)
 def test_an_unknown_key_names_the_setting_it_may_have_meant(override, meant):
     unknown = override.split("=")[0] if meant != "train" else "trian"
-    with pytest.raises(ConfigError, match=rf"^invalid configuration: {re.escape(unknown)}: unknown key \(did you mean {re.escape(meant)}\?\)$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^invalid configuration: {re.escape(unknown)}: unknown key \(did you mean {re.escape(meant)}\?\)$",
+    ):
         load_config(overrides=[override])
 
 
@@ -121,9 +148,15 @@ def test_missing_key_is_named():
 
 def test_cross_field_rules():
     # A rule across fields names its fields: no section to put in front of it.
-    with pytest.raises(ConfigError, match=r"^invalid configuration: data.shards \(3\) must be a multiple of train.num_workers \(2\): set data.shards=2 or 4$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^invalid configuration: data.shards \(3\) must be a multiple of train.num_workers \(2\): set "
+        r"data.shards=2 or 4$",
+    ):
         load_config(overrides=["data.shards=3"])
-    with pytest.raises(ConfigError, match=r"data.shards \(1\) must be a multiple of train.num_workers \(2\): set data.shards=2$"):
+    with pytest.raises(
+        ConfigError, match=r"data.shards \(1\) must be a multiple of train.num_workers \(2\): set data.shards=2$"
+    ):
         load_config(overrides=["data.shards=1"])
     with pytest.raises(ConfigError, match=r"train.batch_size \(33\) must be .* \(2\): set train.batch_size=32 or 34$"):
         load_config(overrides=["train.batch_size=33"])
@@ -137,10 +170,16 @@ def test_cross_field_rules():
         load_config(overrides=["data.val_fraction=1"])  # no text left to train on
     with pytest.raises(ConfigError, match="lake must be an s3:// URI for target emr"):
         load_config(overrides=["target=emr"])
-    with pytest.raises(ConfigError, match=r"lake must be a local path or file:// URI for target local \(local Spark reads no s3://\)"):
+    with pytest.raises(
+        ConfigError, match=r"lake must be a local path or file:// URI for target local \(local Spark reads no s3://\)"
+    ):
         load_config(overrides=["lake=s3://bucket/lake"])
     emr = ["target=emr", "lake=s3://bucket/lake", "emr.poke_interval_seconds=120"]
-    with pytest.raises(ConfigError, match=r"emr.idle_timeout_minutes \(6\) must be at least 7: a stage's step is added up to emr.poke_interval_seconds \(120\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"emr.idle_timeout_minutes \(6\) must be at least 7: a stage's step is added up to "
+        r"emr.poke_interval_seconds \(120\)",
+    ):
         load_config(overrides=[*emr, "emr.idle_timeout_minutes=6"])
     assert load_config(overrides=[*emr, "emr.idle_timeout_minutes=7"]).emr.idle_timeout_minutes == 7
 
@@ -152,11 +191,15 @@ def test_cross_field_rules():
 def test_a_lake_whose_run_folders_hold_the_records_is_refused(lake, prefix):
     """prune_runs removes run folders: they must not be where collect keeps records and latest pointers."""
     settings = ["target=emr", f"lake={lake}", f"s3.prefix={prefix}"]
-    with pytest.raises(ConfigError, match=r"lake \(s3://gpt-pipeline.*\) keeps its run folders in s3://gpt-pipeline/.*runs/, where s3.bucket and s3.prefix put"):
+    with pytest.raises(
+        ConfigError,
+        match=r"lake \(s3://gpt-pipeline.*\) keeps its run folders in s3://gpt-pipeline/.*runs/, where "
+        r"s3.bucket and s3.prefix put",
+    ):
         load_config(overrides=settings)
-    assert load_config(overrides=["target=emr", f"lake={lake.rstrip('/')}/lake", "s3.prefix=runs"]).s3.record_folder() == (
-        "s3://gpt-pipeline/runs"
-    )
+    assert load_config(
+        overrides=["target=emr", f"lake={lake.rstrip('/')}/lake", "s3.prefix=runs"]
+    ).s3.record_folder() == ("s3://gpt-pipeline/runs")
     assert load_config(overrides=["target=emr", "lake=s3://gpt-pipeline", "s3.prefix="]).s3.record_folder() == (
         "s3://gpt-pipeline"
     )
@@ -181,15 +224,23 @@ def test_a_hash_in_an_unquoted_override_is_text_not_a_yaml_comment():
 
 @pytest.mark.parametrize(
     "override, path, value",
-    [("generate.prompt=yes", ["generate", "prompt"], "yes"), ("generate.prompt=1599", ["generate", "prompt"], "1599"),
-     ("generate.prompt=ROMEO: Hark", ["generate", "prompt"], "ROMEO: Hark"),
-     ("generate.prompt=- a dash", ["generate", "prompt"], "- a dash"), ("run_name=2024", ["run_name"], "2024"),
-     ("s3.bucket=123", ["s3", "bucket"], "123"), ("schedule=0 3 * * 1", ["schedule"], "0 3 * * 1"),
-     # Not text settings, or not text values: YAML's reading stays.
-     ("schedule=null", ["schedule"], None), ("generate.prompt='quoted: yes'", ["generate", "prompt"], "quoted: yes"),
-     ("emr.tags={team: ml}", ["emr", "tags"], {"team": "ml"}), ("corpus=[a.txt, b.txt]", ["corpus"], ["a.txt", "b.txt"]),
-     ("model.dropout=0.1", ["model", "dropout"], 0.1), ("generate.nope=yes", ["generate", "nope"], True)],
-)  # fmt: skip
+    [
+        ("generate.prompt=yes", ["generate", "prompt"], "yes"),
+        ("generate.prompt=1599", ["generate", "prompt"], "1599"),
+        ("generate.prompt=ROMEO: Hark", ["generate", "prompt"], "ROMEO: Hark"),
+        ("generate.prompt=- a dash", ["generate", "prompt"], "- a dash"),
+        ("run_name=2024", ["run_name"], "2024"),
+        ("s3.bucket=123", ["s3", "bucket"], "123"),
+        ("schedule=0 3 * * 1", ["schedule"], "0 3 * * 1"),
+        # Not text settings, or not text values: YAML's reading stays.
+        ("schedule=null", ["schedule"], None),
+        ("generate.prompt='quoted: yes'", ["generate", "prompt"], "quoted: yes"),
+        ("emr.tags={team: ml}", ["emr", "tags"], {"team": "ml"}),
+        ("corpus=[a.txt, b.txt]", ["corpus"], ["a.txt", "b.txt"]),
+        ("model.dropout=0.1", ["model", "dropout"], 0.1),
+        ("generate.nope=yes", ["generate", "nope"], True),
+    ],
+)
 def test_a_text_setting_takes_the_text_as_typed_whatever_yaml_makes_of_it(override, path, value):
     assert parse_override(override) == (path, value)
 
@@ -260,7 +311,9 @@ def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
     doubled = tmp_path / "doubled.yaml"
     doubled.write_text(DEFAULT_CONFIG_PATH.read_text() + "\ntrain:\n  max_steps: 500\n")
     line = len(DEFAULT_CONFIG_PATH.read_text().splitlines()) + 2
-    with pytest.raises(ConfigError, match=rf"'train' is given twice in the same section\n  in \"{doubled}\", line {line}"):
+    with pytest.raises(
+        ConfigError, match=rf"'train' is given twice in the same section\n  in \"{doubled}\", line {line}"
+    ):
         load_config(doubled)
     doubled.write_text("train:\n  max_steps: 5\n  max_steps: 6\n")
     with pytest.raises(ConfigError, match="'max_steps' is given twice"):

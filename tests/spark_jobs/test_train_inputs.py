@@ -19,12 +19,19 @@ def manifest(shards: int = 4, windows: int = 100, block_size: int = 32, val_wind
     def split(name: str) -> dict:
         count = val_windows if name == "val" and val_windows is not None else windows
         return {
-            "windows": count, "tokens": 1000, "chars": 3000,
+            "windows": count,
+            "tokens": 1000,
+            "chars": 3000,
             "shards": [f"{name}/part-{index:05d}.tfrecord" for index in range(shards)],
             "shard_windows": [count // shards + (index < count % shards) for index in range(shards)],
-        }  # fmt: skip
-    return {"block_size": block_size, "vocab_size": 512, "num_shards": shards,
-            "splits": {"train": split("train"), "val": split("val")}}  # fmt: skip
+        }
+
+    return {
+        "block_size": block_size,
+        "vocab_size": 512,
+        "num_shards": shards,
+        "splits": {"train": split("train"), "val": split("val")},
+    }
 
 
 @pytest.fixture
@@ -55,9 +62,16 @@ def test_a_matching_manifest_is_accepted(run_with):
         (manifest(windows=5), "the train split has 5 windows, fewer than train.batch_size 32"),
         (manifest(val_windows=3), "the val split has 3 windows, fewer than its 4 shards, so some of the 2 workers"),
         ({"block_size": 32}, "lacks vocab_size, num_shards, splits"),
-        ({**manifest(), "splits": {"train": manifest()["splits"]["train"],
-                                   "val": {**manifest()["splits"]["val"], "shard_windows": [25, 25]}}},
-         r"lacks the val shards' window counts \(shard_windows\): re-run the export stage"),
+        (
+            {
+                **manifest(),
+                "splits": {
+                    "train": manifest()["splits"]["train"],
+                    "val": {**manifest()["splits"]["val"], "shard_windows": [25, 25]},
+                },
+            },
+            r"lacks the val shards' window counts \(shard_windows\): re-run the export stage",
+        ),
     ],
 )
 def test_a_manifest_that_does_not_fit_is_named(run_with, content, message):
@@ -84,8 +98,19 @@ def test_an_interval_row_summarises_its_steps():
     stats = IntervalStats()
     for loss, norm in [(3.0, 1.0), (2.0, 5.0)]:
         stats.add_step(loss, 0.5, norm, seconds=0.5)
-    row = stats.row(epoch=1, step=2, duration_s=1.5, tokens_per_step=100, learning_rate=0.001, val_loss=2.0,
-                    val_accuracy=0.4, tokens=1000, chars=4000, workers=2, resumed_from_step=0)  # fmt: skip
+    row = stats.row(
+        epoch=1,
+        step=2,
+        duration_s=1.5,
+        tokens_per_step=100,
+        learning_rate=0.001,
+        val_loss=2.0,
+        val_accuracy=0.4,
+        tokens=1000,
+        chars=4000,
+        workers=2,
+        resumed_from_step=0,
+    )
     assert row["train_loss"] == 2.5 and row["tokens_per_s"] == 200
     assert (row["grad_norm_min"], row["grad_norm_mean"], row["grad_norm_max"], row["grad_norm_var"]) == (1, 3, 5, 4)
     assert row["val_nats_per_char"] == nats_per_char(2.0, 1000, 4000) == 0.5
@@ -102,13 +127,38 @@ def test_an_attempts_first_step_which_compiles_is_left_out_of_its_throughput():
     for seconds in (4.0, 0.5, 0.5):  # the first step traces and compiles the training step
         stats.add_step(3.0, 0.5, 1.0, seconds if times.add(seconds) else None)
     assert (times.compile_s, times.steps, times.per_step()) == (4.0, 2, 0.5)
-    row = stats.row(epoch=1, step=3, duration_s=5.0, tokens_per_step=100, learning_rate=0.001, val_loss=2.0,
-                    val_accuracy=0.4, tokens=1000, chars=4000, workers=1, resumed_from_step=0)  # fmt: skip
+    row = stats.row(
+        epoch=1,
+        step=3,
+        duration_s=5.0,
+        tokens_per_step=100,
+        learning_rate=0.001,
+        val_loss=2.0,
+        val_accuracy=0.4,
+        tokens=1000,
+        chars=4000,
+        workers=1,
+        resumed_from_step=0,
+    )
     assert row["tokens_per_s"] == 200 and row["train_loss"] == 3.0  # its loss counts, its time does not
     only_compiling = IntervalStats()
     only_compiling.add_step(3.0, 0.5, 1.0, None)
-    assert only_compiling.row(epoch=1, step=1, duration_s=4.0, tokens_per_step=100, learning_rate=0.001, val_loss=2.0,
-                              val_accuracy=0.4, tokens=1000, chars=4000, workers=1, resumed_from_step=0)["tokens_per_s"] is None  # fmt: skip
+    assert (
+        only_compiling.row(
+            epoch=1,
+            step=1,
+            duration_s=4.0,
+            tokens_per_step=100,
+            learning_rate=0.001,
+            val_loss=2.0,
+            val_accuracy=0.4,
+            tokens=1000,
+            chars=4000,
+            workers=1,
+            resumed_from_step=0,
+        )["tokens_per_s"]
+        is None
+    )
 
 
 def test_windows_stay_in_memory_only_while_they_fit_half_the_room_the_model_leaves():
@@ -134,14 +184,16 @@ def test_streamed_windows_give_the_same_batches_as_windows_kept_in_memory(tmp_pa
         return [inputs.numpy() for inputs, _ in batches.take(take)]  # 60 batches: more than three passes
 
     kept, streamed = first_batches(True), first_batches(False)
-    assert len(kept) == 60 and all(np.array_equal(a, b) for a, b in zip(kept, streamed))
+    assert len(kept) == 60 and all(np.array_equal(a, b) for a, b in zip(kept, streamed, strict=True))
     # A run resumed after 2 steps takes the batches the uninterrupted run would take next.
     uninterrupted = first_batches(True, take=62, skip=0)
-    assert all(np.array_equal(a, b) for a, b in zip(kept, uninterrupted[2:]))
+    assert all(np.array_equal(a, b) for a, b in zip(kept, uninterrupted[2:], strict=True))
     assert not np.array_equal(kept[0], uninterrupted[0])
-    evaluated = {flag: [t.numpy() for _, t, _ in train_data.eval_batches([str(path)], block_size, 16, flag).take(3)]
-                 for flag in (True, False)}  # fmt: skip
-    assert all(np.array_equal(a, b) for a, b in zip(*evaluated.values()))
+    evaluated = {
+        flag: [t.numpy() for _, t, _ in train_data.eval_batches([str(path)], block_size, 16, flag).take(3)]
+        for flag in (True, False)
+    }
+    assert all(np.array_equal(a, b) for a, b in zip(*evaluated.values(), strict=True))
     np.testing.assert_array_equal(evaluated[False][0], windows[:16, 1:])
 
 
@@ -149,7 +201,10 @@ def test_a_warm_up_as_long_as_the_run_is_warned_about(tmp_path, shakespeare_slic
     short = small_config(tmp_path, shakespeare_slice, ["train.max_steps=20", "train.warmup_steps=30"])
     (message,) = settings_warnings(short)
     assert message.startswith("train.warmup_steps (30) is not below train.max_steps (20): the learning rate rises")
-    assert settings_warnings(small_config(tmp_path, shakespeare_slice, ["train.max_steps=31", "train.warmup_steps=30"])) == []
+    assert (
+        settings_warnings(small_config(tmp_path, shakespeare_slice, ["train.max_steps=31", "train.warmup_steps=30"]))
+        == []
+    )
 
 
 def test_the_last_evaluation_covers_the_validation_split_up_to_twenty_evaluations(tmp_path, shakespeare_slice):
@@ -197,11 +252,26 @@ def test_a_backup_is_resumed_whatever_the_loop_reports_evaluates_or_backs_up(tmp
     from spark_jobs.lib.trainer import fingerprint
 
     taken = lambda *overrides: fingerprint(small_config(tmp_path, shakespeare_slice, list(overrides)), manifest())  # noqa: E731
-    assert taken("train.log_interval=1", "train.eval_interval=7", "train.eval_batches=2", "train.checkpoint_interval=3") == taken()
-    for change in ("train.num_workers=1", "train.batch_size=64", "train.max_steps=301", "train.learning_rate=0.001",
-                   "train.min_learning_rate=0.0001", "train.warmup_steps=10", "train.weight_decay=0.0",
-                   "train.grad_clip=0.5", "train.seed=2", "model.dropout=0.1", "model.mlp_ratio=2", "data.stride=8",
-                   "embedding.word2vec.seed=1", "tokenizer.min_frequency=3"):  # fmt: skip
+    assert (
+        taken("train.log_interval=1", "train.eval_interval=7", "train.eval_batches=2", "train.checkpoint_interval=3")
+        == taken()
+    )
+    for change in (
+        "train.num_workers=1",
+        "train.batch_size=64",
+        "train.max_steps=301",
+        "train.learning_rate=0.001",
+        "train.min_learning_rate=0.0001",
+        "train.warmup_steps=10",
+        "train.weight_decay=0.0",
+        "train.grad_clip=0.5",
+        "train.seed=2",
+        "model.dropout=0.1",
+        "model.mlp_ratio=2",
+        "data.stride=8",
+        "embedding.word2vec.seed=1",
+        "tokenizer.min_frequency=3",
+    ):
         assert taken(change) != taken(), change
     assert fingerprint(small_config(tmp_path, shakespeare_slice), manifest(windows=101)) != taken()
 
@@ -222,7 +292,11 @@ def test_a_backup_taken_with_other_settings_is_ignored_naming_them(tmp_path, sha
     run = new_run(config)
     train_state.save_backup(run, 20, model, optimizer, [{"step": 20}], identity(config))
     quicker = small_config(tmp_path, shakespeare_slice, ["train.log_interval=1"])
-    assert train_state.load_backup(run, model, optimizer, identity(quicker)) == {"step": 20, "rows": [{"step": 20}], **identity(config)}
+    assert train_state.load_backup(run, model, optimizer, identity(quicker)) == {
+        "step": 20,
+        "rows": [{"step": 20}],
+        **identity(config),
+    }
     slower = small_config(tmp_path, shakespeare_slice, ["train.learning_rate=0.001", "train.log_interval=1"])
     with pytest.raises(train_state.OtherSettings) as ignored:
         train_state.load_backup(run, model, optimizer, identity(slower))
@@ -233,7 +307,7 @@ def test_a_backup_taken_with_other_settings_is_ignored_naming_them(tmp_path, sha
 
 
 def test_a_local_lakes_shards_are_read_in_place_and_an_s3_lakes_are_copied(tmp_path, monkeypatch):
-    from include.local_s3 import LocalS3
+    from local_platform.moto_s3 import LocalS3
 
     shards = ["train/part-00000.tfrecord", "train/part-00002.tfrecord"]
     copies = tmp_path / "copies"
@@ -259,9 +333,16 @@ def test_a_local_lakes_shards_are_read_in_place_and_an_s3_lakes_are_copied(tmp_p
 def test_the_learning_rate_warms_up_from_the_first_step_and_decays_to_its_minimum(tmp_path, shakespeare_slice):
     from spark_jobs.lib.trainer import build_optimizer
 
-    config = small_config(tmp_path, shakespeare_slice, [
-        "train.learning_rate=0.001", "train.min_learning_rate=0.0001", "train.warmup_steps=9", "train.max_steps=100",
-    ])  # fmt: skip
+    config = small_config(
+        tmp_path,
+        shakespeare_slice,
+        [
+            "train.learning_rate=0.001",
+            "train.min_learning_rate=0.0001",
+            "train.warmup_steps=9",
+            "train.max_steps=100",
+        ],
+    )
     _, schedule = build_optimizer(config)
     rates = [float(schedule(iteration)) for iteration in range(101)]  # iteration i: the optimizer's (i + 1)-th step
     # nanoGPT's warm-up, lr * (it + 1) / (warmup + 1): no step is lost at a rate of 0.

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import bz2
 import gzip
+from itertools import pairwise
 
 import numpy as np
 import pytest
 
 from spark_jobs.lib import bpe, corpus, windows
 from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.windows import Piece, check_windows, covered_tokens, cut_windows, plan_windows, window_count, window_starts
+from spark_jobs.lib.windows import (
+    Piece,
+    check_windows,
+    covered_tokens,
+    cut_windows,
+    plan_windows,
+    window_count,
+    window_starts,
+)
 from spark_jobs.tokenize_corpus import encode_task, encode_tasks
 
 
@@ -66,15 +75,15 @@ def test_windows_across_pieces_equal_windows_of_the_whole_sequence(block_size, s
             ids = rng.integers(0, 1000, size=int(rng.integers(0, 60)))
             sequences[(doc_id, split)] = ids
             cuts = sorted(set(rng.integers(0, len(ids) + 1, size=4).tolist()) | {0, len(ids)})
-            for number, (begin, end) in enumerate(zip(cuts, cuts[1:])):
+            for number, (begin, end) in enumerate(pairwise(cuts)):
                 pieces_ids[(doc_id, split, number)] = ids[begin:end]  # pieces as short as 1 token
     pieces = [Piece(d, s, p, len(ids), tuple(ids[:block_size].tolist())) for (d, s, p), ids in pieces_ids.items()]
     plans, counts = plan_windows(pieces, block_size, stride)
 
     got = {"train": [], "val": []}
     for (doc_id, split, number), ids in pieces_ids.items():
-        for starts, indices, windows in plans[(doc_id, split, number)].windows(ids, block_size, stride, limit=3):
-            got[split] += [(int(i), doc_id, int(s), w.tolist()) for i, s, w in zip(indices, starts, windows)]
+        for starts, indices, rows in plans[(doc_id, split, number)].windows(ids, block_size, stride, limit=3):
+            got[split] += [(int(i), doc_id, int(s), w.tolist()) for i, s, w in zip(indices, starts, rows, strict=True)]
     expected = reference_windows(sequences, block_size, stride)
     for split in ("train", "val"):
         got[split].sort()
@@ -95,7 +104,7 @@ def test_packed_windows_equal_windows_of_the_files_joined_by_the_separator(block
         for split in ("train", "val"):
             ids = rng.integers(0, 1000, size=int(rng.integers(0, 9)))  # mostly shorter than a window
             cuts = sorted(set(rng.integers(0, len(ids) + 1, size=3).tolist()) | {0, len(ids)})
-            for number, (begin, end) in enumerate(zip(cuts, cuts[1:])):
+            for number, (begin, end) in enumerate(pairwise(cuts)):
                 pieces_ids[(doc_id, split, number)] = ids[begin:end]
             if len(ids):
                 streams[split] += ids.tolist() + [separator]
@@ -105,15 +114,18 @@ def test_packed_windows_equal_windows_of_the_files_joined_by_the_separator(block
     for split, stream in streams.items():
         got = sorted(
             (int(i), int(start), w.tolist())
-            for (doc_id, s, number), ids in pieces_ids.items() if s == split
+            for (doc_id, s, number), ids in pieces_ids.items()
+            if s == split
             for starts, indices, windows in [*plans[(doc_id, s, number)].windows(ids, block_size, stride, limit=2)]
-            for i, start, w in zip(indices, starts, windows)
+            for i, start, w in zip(indices, starts, windows, strict=True)
         )
         starts = window_starts(len(stream), block_size, stride)
         assert [row[0] for row in got] == list(range(len(starts)))
         assert [(row[1], row[2]) for row in got] == [(int(k), stream[k : k + block_size + 1]) for k in starts]
         assert counts["splits"][split] == {
-            "windows": len(starts), "tokens": len(stream), "sequences": 1,
+            "windows": len(starts),
+            "tokens": len(stream),
+            "sequences": 1,
             "covered_tokens": covered_tokens(len(stream), block_size, stride),
         }
 
@@ -142,9 +154,13 @@ def test_planning_a_packed_split_reads_each_piece_a_few_times(monkeypatch, n_fil
     # sequence for each piece (quadratic: 400,000 files took minutes), nor further than the
     # block_size tokens a tail needs. The planner walks each sequence's pieces in the list `sorted`
     # gives it: count what it reads of that list.
-    monkeypatch.setattr(windows, "sorted", lambda *args, **kwargs: ReadCountingList(sorted(*args, **kwargs)), raising=False)
+    monkeypatch.setattr(
+        windows, "sorted", lambda *args, **kwargs: ReadCountingList(sorted(*args, **kwargs)), raising=False
+    )
     ReadCountingList.reads = 0
-    pieces = [Piece(doc_id, "train", number, 3, (1, 2, 3) if heads else ()) for doc_id in range(n_files) for number in (0, 1)]
+    pieces = [
+        Piece(doc_id, "train", number, 3, (1, 2, 3) if heads else ()) for doc_id in range(n_files) for number in (0, 1)
+    ]
     plans, counts = plan_windows(pieces, block_size=16, stride=8, separator=0)
     stream = [1, 2, 3, 1, 2, 3, 0] * n_files  # two pieces of 3 tokens and the separator a file
     assert counts["splits"]["train"]["windows"] == window_count(len(stream), 16, 8)
@@ -198,10 +214,15 @@ def test_corpus_check_size_needs_a_window_in_each_split():
     corpus.check_size([1000, 0], block_size=128, val_fraction=0.1)  # 1000 bytes may hold enough tokens
     with pytest.raises(PipelineError, match=r"^the corpus is empty: its 2 file\(s\) hold no bytes$"):
         corpus.check_size([0, 0], block_size=128, val_fraction=0.1)
-    with pytest.raises(PipelineError, match=r"^the corpus holds 100 bytes, so at most 100 tokens, and a window needs data.block_size \+ 1 = 129"):
+    with pytest.raises(
+        PipelineError,
+        match=r"^the corpus holds 100 bytes, so at most 100 tokens, and a window needs data.block_size \+ 1 = 129",
+    ):
         corpus.check_size([60, 40], block_size=128, val_fraction=0.1)
     # 200 bytes: the last tenth is 20 characters, at most 84 tokens even at 4 bytes a character
-    with pytest.raises(PipelineError, match=r"validation part \(data.val_fraction=0.1 of 200 bytes\) holds at most 84 tokens"):
+    with pytest.raises(
+        PipelineError, match=r"validation part \(data.val_fraction=0.1 of 200 bytes\) holds at most 84 tokens"
+    ):
         corpus.check_size([200], block_size=128, val_fraction=0.1)
 
 
@@ -214,9 +235,13 @@ def test_corpus_files_come_with_their_sizes(tmp_path):
     (tmp_path / "skip.md").write_text("ccc")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "c.txt").write_text("cccc")
-    config = load_config(overrides=[{"corpus": [str(tmp_path / "*.txt"), str(tmp_path / "sub"), str(tmp_path / "a.txt")]}])
+    config = load_config(
+        overrides=[{"corpus": [str(tmp_path / "*.txt"), str(tmp_path / "sub"), str(tmp_path / "a.txt")]}]
+    )
     assert lake.corpus_files(config) == {
-        (tmp_path / "a.txt").as_uri(): 1, (tmp_path / "b.txt").as_uri(): 2, (tmp_path / "sub" / "c.txt").as_uri(): 4
+        (tmp_path / "a.txt").as_uri(): 1,
+        (tmp_path / "b.txt").as_uri(): 2,
+        (tmp_path / "sub" / "c.txt").as_uri(): 4,
     }
 
 
@@ -245,7 +270,11 @@ def test_one_file_is_split_at_its_tail():
     for val_split in ("auto", "tail"):
         (doc,), used = corpus.split_validation(documents(1000), 0.1, val_split)
         assert used == "tail" and doc.boundary == 900
-    with pytest.raises(PipelineError, match=r"data.val_split=files: whole files cannot make up data.val_fraction=0.1 of the corpus \(its smallest file holds 100.0% "):
+    with pytest.raises(
+        PipelineError,
+        match=r"data.val_split=files: whole files cannot make up data.val_fraction=0.1 of the corpus \(its "
+        r"smallest file holds 100.0% ",
+    ):
         corpus.split_validation(documents(1000), 0.1, "files")
 
 
@@ -290,10 +319,19 @@ def test_a_piece_holding_the_boundary_is_split_at_the_right_character():
 
 def test_no_window_in_a_split_names_the_file():
     _, counts = plan_windows([Piece(0, "train", 0, 100, ()), Piece(0, "val", 0, 3, ())], block_size=8, stride=4)
-    with pytest.raises(PipelineError, match=r"corpus file /data/a.txt is shorter than one window: its validation part has 3 tokens.*block_size \+ 1 = 9"):
+    with pytest.raises(
+        PipelineError,
+        match=r"corpus file /data/a.txt is shorter than one window: its validation part has 3 "
+        r"tokens.*block_size \+ 1 = 9",
+    ):
         check_windows(counts, 8, 4, {0: "/data/a.txt"})
     _, counts = plan_windows(
-        [Piece(0, "train", 0, 100, ()), Piece(0, "val", 0, 20, ()), Piece(1, "train", 0, 5, ()), Piece(1, "val", 0, 1, ())],
+        [
+            Piece(0, "train", 0, 100, ()),
+            Piece(0, "val", 0, 20, ()),
+            Piece(1, "train", 0, 5, ()),
+            Piece(1, "val", 0, 1, ()),
+        ],
         block_size=8,
         stride=4,
     )
@@ -316,7 +354,9 @@ def test_no_validation_window_from_whole_files_suggests_tails():
 
 def test_many_short_parts_make_one_warning_per_split():
     short = [Piece(i, "val", 0, i, ()) for i in range(1, 6)]
-    _, counts = plan_windows([Piece(0, "train", 0, 100, ()), Piece(0, "val", 0, 401, ()), *short], block_size=8, stride=4)
+    _, counts = plan_windows(
+        [Piece(0, "train", 0, 100, ()), Piece(0, "val", 0, 401, ()), *short], block_size=8, stride=4
+    )
     (warning,) = check_windows(counts, 8, 4, {i: f"/data/{i}.txt" for i in range(6)})
     assert warning == (
         "5 corpus files have a validation part of fewer tokens than one window (9): /data/1.txt (1), "
@@ -329,7 +369,9 @@ def test_windows_leaving_much_of_a_split_unused_are_warned_about():
     pieces = [Piece(0, "train", 0, 1000, ()), Piece(0, "val", 0, 100, ())]
     pieces += [Piece(i, "val", 0, 12, ()) for i in range(1, 30)]  # one window of 9 per 12 tokens
     _, counts = plan_windows(pieces, block_size=8, stride=4)
-    assert counts["splits"]["train"]["covered_tokens"] == 997 and counts["splits"]["val"]["covered_tokens"] == 97 + 29 * 9
+    assert (
+        counts["splits"]["train"]["covered_tokens"] == 997 and counts["splits"]["val"]["covered_tokens"] == 97 + 29 * 9
+    )
     (warning,) = check_windows(counts, 8, 4, {i: f"/data/{i}.txt" for i in range(30)})
     assert warning == (
         "the val windows cover 80% of the val split's tokens: each file's tokens after its last window go unused, "
@@ -351,7 +393,7 @@ def test_pieces_are_cut_after_newlines_and_cover_the_file(tmp_path, monkeypatch)
     pieces = corpus.plan_pieces([(path.as_uri(), len(data))], parallelism=4)
     assert len(pieces) == 8
     assert pieces[0].start == 0 and pieces[-1].end == len(data)
-    assert all(a.end == b.start for a, b in zip(pieces, pieces[1:]))
+    assert all(a.end == b.start for a, b in pairwise(pieces))
     assert all(data[piece.start - 1 : piece.start] == b"\n" for piece in pieces[1:])
     assert "".join(data[p.start : p.end].decode("utf-8") for p in pieces) == text
 
@@ -377,19 +419,33 @@ def test_text_is_read_without_a_byte_order_mark_and_with_newline_line_ends():
 
 def test_check_text_finds_bad_bytes_with_their_offset():
     assert corpus.check_text("héllo\n".encode()) == (6, None)
-    assert corpus.check_text(b"abc\xff def", offset=100)[1].startswith("is not UTF-8 text (byte 0xff at offset 103); convert it")
-    assert corpus.check_text("To be".encode("utf-16-be").join([b"\xfe\xff", b""]))[1].startswith("is UTF-16 text, not UTF-8")
+    assert corpus.check_text(b"abc\xff def", offset=100)[1].startswith(
+        "is not UTF-8 text (byte 0xff at offset 103); convert it"
+    )
+    assert corpus.check_text("To be".encode("utf-16-be").join([b"\xfe\xff", b""]))[1].startswith(
+        "is UTF-16 text, not UTF-8"
+    )
     assert corpus.check_text(b"almost text\x00with a NUL\n")[1] == "looks binary (NUL byte at offset 11)"
     assert corpus.check_text(b"PK\x03\x04\x00\x00")[1] == "is a zip archive, not text (decompress it first)"
-    assert corpus.check_text(gzip.compress("To be, or not to be\n".encode()))[1] == "is a gzip archive, not text (decompress it first)"
+    assert (
+        corpus.check_text(gzip.compress("To be, or not to be\n".encode()))[1]
+        == "is a gzip archive, not text (decompress it first)"
+    )
     assert corpus.check_text(bz2.compress(b"To be\n"))[1] == "is a bzip2 archive, not text (decompress it first)"
     assert corpus.check_text(b"BZh is how this line starts\n") == (28, None)
 
 
 def test_assess_fails_or_skips_bad_files():
     files = [("file:///c/bad.bin", 10), ("file:///c/good.txt", 10), ("file:///c/empty.txt", 0)]
-    scans = [corpus.Scan(0, 0, 0, "is not UTF-8 text (byte 0xff at offset 3)"), corpus.Scan(1, 0, 10, None), corpus.Scan(2, 0, 0, None)]
-    with pytest.raises(PipelineError, match=r"corpus file file:///c/bad.bin is not UTF-8 text \(byte 0xff at offset 3\); set data.bad_files=skip"):
+    scans = [
+        corpus.Scan(0, 0, 0, "is not UTF-8 text (byte 0xff at offset 3)"),
+        corpus.Scan(1, 0, 10, None),
+        corpus.Scan(2, 0, 0, None),
+    ]
+    with pytest.raises(
+        PipelineError,
+        match=r"corpus file file:///c/bad.bin is not UTF-8 text \(byte 0xff at offset 3\); set data.bad_files=skip",
+    ):
         corpus.assess(files, scans, bad_files="fail")
     documents, skipped, warnings = corpus.assess(files, scans, bad_files="skip")
     assert [doc.path for doc in documents] == ["file:///c/good.txt"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 import runpy
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
+from itertools import pairwise
 
 import pytest
 import yaml
@@ -43,7 +44,7 @@ def test_dags_folder_imports_cleanly(dagbag):
 def test_tasks_run_in_pipeline_order(dag):
     dag.check_cycle()
     assert sorted(dag.task_ids) == sorted([*PIPELINE, "prune_runs"])
-    for upstream, downstream in zip(PIPELINE, PIPELINE[1:]):
+    for upstream, downstream in pairwise(PIPELINE):
         assert downstream in dag.get_task(upstream).downstream_task_ids, f"{upstream} >> {downstream}"
     # Nothing but validate_config (which hands the run folder to every task) skips ahead.
     for position, task_id in enumerate(PIPELINE[1:-1], start=1):
@@ -93,11 +94,15 @@ def test_schedule_from_config_adds_a_cron_or_preset_to_the_corpus_asset(dag_modu
 
 @pytest.mark.parametrize(
     "schedule, now, first",
-    [("@weekly", "2026-11-22T00:30:00", "2026-11-29T00:00:00"),  # 30 min past Sunday's tick
-     ("@daily", "2026-11-23T02:00:00", "2026-11-24T00:00:00"),
-     ("*/5 * * * *", "2026-11-23T07:56:02", "2026-11-23T08:00:00")],
-)  # fmt: skip
-def test_a_new_schedule_waits_for_its_next_time_instead_of_starting_a_run_at_once(tmp_path, monkeypatch, schedule, now, first):
+    [
+        ("@weekly", "2026-11-22T00:30:00", "2026-11-29T00:00:00"),  # 30 min past Sunday's tick
+        ("@daily", "2026-11-23T02:00:00", "2026-11-24T00:00:00"),
+        ("*/5 * * * *", "2026-11-23T07:56:02", "2026-11-23T08:00:00"),
+    ],
+)
+def test_a_new_schedule_waits_for_its_next_time_instead_of_starting_a_run_at_once(
+    tmp_path, monkeypatch, schedule, now, first
+):
     """Turning a schedule on (or deploying the DAG with one) must not start a run, and on EMR a cluster, at
     once, however shortly after a scheduled time it happens."""
     from airflow.serialization.serialized_objects import DagSerialization
@@ -107,7 +112,9 @@ def test_a_new_schedule_waits_for_its_next_time_instead_of_starting_a_run_at_onc
     config.write_text(yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"schedule": schedule})))
     monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(config))
     monkeypatch.setattr(trigger, "utcnow", lambda: datetime.fromisoformat(now).replace(tzinfo=timezone.utc))
-    dag = DagSerialization.from_dict(DagSerialization.to_dict(runpy.run_path(str(REPO_ROOT / "dags" / "gpt_pipeline.py"))["dag"]))
+    dag = DagSerialization.from_dict(
+        DagSerialization.to_dict(runpy.run_path(str(REPO_ROOT / "dags" / "gpt_pipeline.py"))["dag"])
+    )
     assert dag.next_dagrun_info(last_automated_run_info=None).run_after == datetime.fromisoformat(first).replace(
         tzinfo=timezone.utc
     )
@@ -153,7 +160,10 @@ def test_form_values_become_config_fields():
     [
         ({"stride": 0}, r"data\.stride: Input should be greater than or equal to 1 \(got 0\)"),
         ({"num_workers": 3}, r"data\.shards \(4\) must be a multiple of train\.num_workers \(3\)"),
-        ({"run_name": "my run"}, r"run_name: must be letters, digits, '-', '_' and '\.', starting with a letter or digit"),
+        (
+            {"run_name": "my run"},
+            r"run_name: must be letters, digits, '-', '_' and '\.', starting with a letter or digit",
+        ),
         ({"overrides": ["data.window_size=64"]}, r"data\.window_size: unknown key"),
         ({"max_step": 10}, r"unknown trigger parameter\(s\) max_step"),
     ],
@@ -172,4 +182,3 @@ def test_a_task_of_a_run_whose_folder_is_gone_fails_without_its_retry(dag_module
     arguments = ("generate", gone) if task == "run_local_stage" else (gone,)
     with pytest.raises(AirflowFailException, match=f"run folder {gone} is gone \\(keep_runs removes older"):
         getattr(dag_module, task).function(*arguments)
-

@@ -38,13 +38,25 @@ def test_changed_settings_make_their_stages_and_later_ones_stale():
     assert stages.stale_stages(["run_name", "emr.core_instance_count", "lake"]) == []
 
 
-@pytest.mark.parametrize("setting, first_stale", [
-    ("corpus", "tokenize"), ("tokenizer.vocab_size", "tokenize"), ("data.val_fraction", "tokenize"),
-    ("data.val_split", "tokenize"), ("data.bad_files", "tokenize"), ("data.block_size", "window"),
-    ("data.stride", "window"), ("data.pack_documents", "window"), ("embedding.dim", "positional_embed"),
-    ("embedding.word2vec.max_sentences", "positional_embed"), ("data.shards", "export"),
-    ("model.n_layer", "train"), ("train.learning_rate", "train"), ("generate.prompt", "generate"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "setting, first_stale",
+    [
+        ("corpus", "tokenize"),
+        ("tokenizer.vocab_size", "tokenize"),
+        ("data.val_fraction", "tokenize"),
+        ("data.val_split", "tokenize"),
+        ("data.bad_files", "tokenize"),
+        ("data.block_size", "window"),
+        ("data.stride", "window"),
+        ("data.pack_documents", "window"),
+        ("embedding.dim", "positional_embed"),
+        ("embedding.word2vec.max_sentences", "positional_embed"),
+        ("data.shards", "export"),
+        ("model.n_layer", "train"),
+        ("train.learning_rate", "train"),
+        ("generate.prompt", "generate"),
+    ],
+)
 def test_each_setting_makes_the_stage_that_reads_it_stale(setting, first_stale):
     assert stages.stale_stages([setting]) == [first_stale, *stages.downstream(first_stale)]
 
@@ -68,7 +80,10 @@ def test_an_existing_run_with_changed_settings_keeps_only_what_they_do_not_touch
     lake.create_run(small_config(tmp_path, corpus, ["train.max_steps=7"]), "r")
     assert completed(run) == ["tokenize", "window", "positional_embed", "export"]
     default = load_config().train.max_steps
-    assert f"changed train.max_steps: {default} -> 7; stage(s) train, generate no longer complete" in capsys.readouterr().err
+    assert (
+        f"changed train.max_steps: {default} -> 7; stage(s) train, generate no longer complete"
+        in capsys.readouterr().err
+    )
     assert lake.read_json(lake.join(run, lake.CONFIG_FILE))["train"]["max_steps"] == 7
 
     lake.create_run(small_config(tmp_path, corpus, ["train.max_steps=7", "data.stride=8"]), "r")
@@ -84,34 +99,36 @@ def test_clearing_a_stage_clears_the_stages_that_read_it(tmp_path):
 
 
 def test_the_local_runner_keeps_an_existing_runs_settings(tmp_path):
-    from include import local_runner
+    from local_platform import stage_runner
 
     corpus = tmp_path / "c.txt"
     run = new_run(small_config(tmp_path, corpus, ["train.max_steps=7"]), "r")
-    args = local_runner.parse_args(["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "--set", "train.batch_size=4"])
-    config = local_runner.resolve_config(args)
+    args = stage_runner.parse_args(
+        ["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "--set", "train.batch_size=4"]
+    )
+    config = stage_runner.resolve_config(args)
     # One --set takes several overrides too.
-    several = local_runner.parse_args(["--set", f"lake={tmp_path / 'lake'}", "train.batch_size=4", "--run-id", "r"])
+    several = stage_runner.parse_args(["--set", f"lake={tmp_path / 'lake'}", "train.batch_size=4", "--run-id", "r"])
     assert (several.overrides, several.run_id) == (args.overrides, "r")
     assert lake.run_dir(config, "r") == run
     assert (config.corpus, config.train.max_steps, config.train.batch_size) == ([corpus.as_uri()], 7, 4)
     assert config.data.block_size == small_config(tmp_path, corpus).data.block_size != load_config().data.block_size
     # A new run starts from the defaults.
-    args = local_runner.parse_args(["--run-id", "new", "--set", f"lake={tmp_path / 'lake'}"])
-    assert local_runner.resolve_config(args).train.max_steps == load_config().train.max_steps
+    args = stage_runner.parse_args(["--run-id", "new", "--set", f"lake={tmp_path / 'lake'}"])
+    assert stage_runner.resolve_config(args).train.max_steps == load_config().train.max_steps
 
 
 def test_an_existing_run_checks_a_change_against_its_own_settings(tmp_path):
     """n_head=6 divides this run's embedding.dim of 96, though not the default 128."""
-    from include import local_runner
+    from local_platform import stage_runner
 
     new_run(small_config(tmp_path, tmp_path / "c.txt", ["embedding.dim=96", "model.n_head=3"]), "r")
-    args = local_runner.parse_args(["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "model.n_head=6"])
-    config = local_runner.resolve_config(args)
+    args = stage_runner.parse_args(["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "model.n_head=6"])
+    config = stage_runner.resolve_config(args)
     assert (config.embedding.dim, config.model.n_head) == (96, 6)
-    bad = local_runner.parse_args(["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "model.n_head=5"])
+    bad = stage_runner.parse_args(["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "model.n_head=5"])
     with pytest.raises(ConfigError, match=r"embedding.dim \(96\) must be divisible by model.n_head \(5\)"):
-        local_runner.resolve_config(bad)
+        stage_runner.resolve_config(bad)
 
 
 def test_the_done_line_counts_long_lists_instead_of_printing_them():
@@ -119,20 +136,34 @@ def test_the_done_line_counts_long_lists_instead_of_printing_them():
 
     stats = {"sequences": [{"doc_id": i} for i in range(300)], "splits": {"train": {"tokens": 5}}, "skipped": [1, 2]}
     assert brief(stats, "stats/window.json") == {
-        "sequences": "300 entries, see stats/window.json", "splits": {"train": {"tokens": 5}}, "skipped": [1, 2]
+        "sequences": "300 entries, see stats/window.json",
+        "splits": {"train": {"tokens": 5}},
+        "skipped": [1, 2],
     }
 
 
 def test_the_local_runner_describes_each_stage_in_a_few_lines():
-    from include.local_runner import describe
+    from local_platform.stage_runner import describe
 
-    export = {"duration_s": 2.5, "outputs": {"tfrecords": "file:///lake/runs/r/tfrecords"},
-              "splits": {"train": {"windows": 12345, "chars": 9000}}}  # fmt: skip
+    export = {
+        "duration_s": 2.5,
+        "outputs": {"tfrecords": "file:///lake/runs/r/tfrecords"},
+        "splits": {"train": {"windows": 12345, "chars": 9000}},
+    }
     assert describe("export", export) == [
-        "  export (2.5 s)", "    tfrecords: file:///lake/runs/r/tfrecords", "    train: windows 12,345, chars 9,000"
+        "  export (2.5 s)",
+        "    tfrecords: file:///lake/runs/r/tfrecords",
+        "    train: windows 12,345, chars 9,000",
     ]
-    train = {"stage": "train", "duration_s": 11.8, "steps": 300, "final_val_loss": 4.378682374954224,
-             "worker_results": [{"worker": 0}, {"worker": 1}], "warnings": ["short"], "resumed": False}  # fmt: skip
+    train = {
+        "stage": "train",
+        "duration_s": 11.8,
+        "steps": 300,
+        "final_val_loss": 4.378682374954224,
+        "worker_results": [{"worker": 0}, {"worker": 1}],
+        "warnings": ["short"],
+        "resumed": False,
+    }
     assert describe("train", train) == ["  train (11.8 s)", "    steps 300, final_val_loss 4.379, resumed False"]
 
 
@@ -146,21 +177,22 @@ def test_a_run_folder_used_again_is_no_longer_a_collected_run(tmp_path):
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path):
-    from include import local_runner
+    from local_platform import stage_runner
 
     config = small_config(tmp_path, tmp_path / "c.txt")
-    ids = [local_runner.new_run_id(config, "books-20261123T072216Z") for _ in range(3)]
+    ids = [stage_runner.new_run_id(config, "books-20261123T072216Z") for _ in range(3)]
     assert ids == ["books-20261123T072216Z", "books-20261123T072216Z-2", "books-20261123T072216Z-3"]
     assert all(lake.exists(lake.run_dir(config, run_id)) for run_id in ids)
 
 
 def test_a_run_folder_in_use_is_refused_to_a_second_command(tmp_path, capsys):
-    from include import local_runner, locks
+    from include import locks
+    from local_platform import stage_runner
 
     run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
     complete(run, *STAGES)
     with locks.run_folder_held(run, "the DAG's task train"):
-        code = local_runner.main(["--run-id", "r", "--stages", "generate", "--set", f"lake={tmp_path / 'lake'}"])
+        code = stage_runner.main(["--run-id", "r", "--stages", "generate", "--set", f"lake={tmp_path / 'lake'}"])
     assert code == 2
     assert capsys.readouterr().err.startswith(
         f"ERROR run folder {run} is in use by the DAG's task train (pid {os.getpid()}): wait for it to end"
@@ -169,27 +201,29 @@ def test_a_run_folder_in_use_is_refused_to_a_second_command(tmp_path, capsys):
 
 
 def test_the_local_runner_runs_target_local_only(tmp_path, capsys):
-    from include import local_runner
+    from local_platform import stage_runner
 
-    code = local_runner.main(["--set", "target=emr", "--set", "lake=s3://some-bucket/lake"])
+    code = stage_runner.main(["--set", "target=emr", "--set", "lake=s3://some-bucket/lake"])
     assert code == 2
     assert "ERROR target is emr: this command runs stages on this machine" in capsys.readouterr().err
 
 
 def test_the_local_runner_stops_a_corpus_too_small_for_a_window_before_spark(tmp_path, capsys):
-    from include import local_runner
+    from local_platform import stage_runner
 
     (tmp_path / "tiny.txt").write_text("Hi.\n")
-    code = local_runner.main(["--corpus", str(tmp_path / "tiny.txt"), "--set", f"lake={tmp_path / 'lake'}"])
+    code = stage_runner.main(["--corpus", str(tmp_path / "tiny.txt"), "--set", f"lake={tmp_path / 'lake'}"])
     assert code == 2
     assert capsys.readouterr().err.startswith("ERROR the corpus holds 4 bytes, so at most 4 tokens")
     assert not (tmp_path / "lake").exists()
 
 
-def test_the_local_runner_stops_whole_file_validation_of_a_single_file_before_spark(tmp_path, capsys, shakespeare_slice):
-    from include import local_runner
+def test_the_local_runner_stops_whole_file_validation_of_a_single_file_before_spark(
+    tmp_path, capsys, shakespeare_slice
+):
+    from local_platform import stage_runner
 
-    code = local_runner.main(
+    code = stage_runner.main(
         ["--corpus", str(shakespeare_slice), "--set", f"lake={tmp_path / 'lake'}", "--set", "data.val_split=files"]
     )
     assert code == 2
@@ -203,37 +237,49 @@ def test_the_local_runner_stops_whole_file_validation_of_a_single_file_before_sp
 def test_a_lake_where_no_folder_can_be_made_is_named(tmp_path):
     (tmp_path / "a-file").write_text("")
     config = load_config(overrides=[{"lake": str(tmp_path / "a-file" / "lake")}])
-    with pytest.raises(PipelineError, match=rf"^lake {(tmp_path / 'a-file' / 'lake').as_uri()}: cannot create the run folder .*/runs/r: .*Not a directory"):
+    with pytest.raises(
+        PipelineError,
+        match=rf"^lake {(tmp_path / 'a-file' / 'lake').as_uri()}: cannot create the run folder .*/runs/r: "
+        r".*Not a directory",
+    ):
         lake.create_run(config, "r")
 
 
 def test_a_stage_takes_its_run_folder_as_a_path_or_a_uri(tmp_path, capsys):
-    assert parse_args("window", ["--run-dir", str(tmp_path / "runs" / "r1") + "/"]).run_dir == f"file://{tmp_path}/runs/r1"
+    assert (
+        parse_args("window", ["--run-dir", str(tmp_path / "runs" / "r1") + "/"]).run_dir == f"file://{tmp_path}/runs/r1"
+    )
     assert parse_args("window", ["--run-dir", "s3://lake/runs/r1"]).run_dir == "s3://lake/runs/r1"
     with pytest.raises(SystemExit) as stop:
         run_stage("window", lambda *_: {}, ["--run-dir", str(tmp_path / "nothing")])
     assert stop.value.code == 2
-    assert capsys.readouterr().err == f"ERROR [window] run folder file://{tmp_path}/nothing has no config.json: create the run first\n"
+    assert (
+        capsys.readouterr().err
+        == f"ERROR [window] run folder file://{tmp_path}/nothing has no config.json: create the run first\n"
+    )
     with pytest.raises(SystemExit) as stop:
         parse_args("window", ["--run-dir", "gs://lake/runs/r1"])
     assert stop.value.code == 2
-    assert "argument --run-dir: unsupported URI scheme gs://; use a local path, file:// or s3://" in capsys.readouterr().err
+    assert (
+        "argument --run-dir: unsupported URI scheme gs://; use a local path, file:// or s3://"
+        in capsys.readouterr().err
+    )
 
 
 def test_the_local_runner_runs_named_stages_in_pipeline_order():
-    from include import local_runner
+    from local_platform import stage_runner
 
-    assert local_runner.chosen_stages("generate,window, tokenize,window") == ("tokenize", "window", "generate")
+    assert stage_runner.chosen_stages("generate,window, tokenize,window") == ("tokenize", "window", "generate")
     with pytest.raises(PipelineError, match="unknown stage"):
-        local_runner.chosen_stages("tokenize,bogus")
+        stage_runner.chosen_stages("tokenize,bogus")
     with pytest.raises(PipelineError, match="--stages names no stage"):
-        local_runner.chosen_stages(",")
+        stage_runner.chosen_stages(",")
 
 
 def test_the_local_runner_refuses_a_new_run_without_the_stages_its_stages_read(tmp_path, capsys):
-    from include import local_runner
+    from local_platform import stage_runner
 
-    code = local_runner.main(["--run-id", "fresh", "--stages", "train,generate", "--set", f"lake={tmp_path / 'lake'}"])
+    code = stage_runner.main(["--run-id", "fresh", "--stages", "train,generate", "--set", f"lake={tmp_path / 'lake'}"])
     assert code == 2
     assert capsys.readouterr().err == (
         "ERROR run fresh does not exist yet, and stage train reads the outputs of tokenize, positional_embed, "
@@ -244,9 +290,15 @@ def test_the_local_runner_refuses_a_new_run_without_the_stages_its_stages_read(t
 
 @pytest.mark.parametrize(
     "run_id, folder",
-    [("manual__2026-11-22T19:54:54+00:00", "manual__2026-11-22T19_54_54_00_00"), ("my run", "my_run"),
-     ("..", "_."), (".", "_"), ("../../etc", "_._.._etc"), ("v1.2", "v1.2")],
-)  # fmt: skip
+    [
+        ("manual__2026-11-22T19:54:54+00:00", "manual__2026-11-22T19_54_54_00_00"),
+        ("my run", "my_run"),
+        ("..", "_."),
+        (".", "_"),
+        ("../../etc", "_._.._etc"),
+        ("v1.2", "v1.2"),
+    ],
+)
 def test_a_run_id_never_names_a_hidden_folder_or_one_outside_runs(tmp_path, run_id, folder):
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
     assert lake.run_dir(config, run_id) == f"file://{tmp_path}/lake/runs/{folder}"
@@ -255,12 +307,12 @@ def test_a_run_id_never_names_a_hidden_folder_or_one_outside_runs(tmp_path, run_
 
 
 def test_a_run_whose_windows_cannot_fit_the_lakes_disk_is_refused_before_anything_runs(tmp_path, capsys):
-    from include import local_runner
+    from local_platform import stage_runner
 
     huge = tmp_path / "huge.txt"
     with huge.open("wb") as file:
         file.truncate(2 * 10**12)  # 2 TB, sparse: with stride 1, hundreds of TB of windows
-    code = local_runner.main(["--corpus", str(huge), "--set", f"lake={tmp_path / 'lake'}", "--set", "data.stride=1"])
+    code = stage_runner.main(["--corpus", str(huge), "--set", f"lake={tmp_path / 'lake'}", "--set", "data.stride=1"])
     assert code == 2
     error = capsys.readouterr().err
     assert error.startswith("ERROR the run's windows and TFRecords need at least ")
@@ -306,5 +358,7 @@ def test_a_stages_resume_folder_goes_only_once_the_stage_is_complete(tmp_path, m
     assert lake.exists(lake.stats_uri(run, "train")) and not lake.exists(lake.join(run, "checkpoints"))
 
     lake.write_text(backup, "left by a driver that died after the marker")
-    run_stage("train", lambda *_: seen.append(lake.exists(backup)) or {}, ["--run-dir", run], resume_folder="checkpoints")
+    run_stage(
+        "train", lambda *_: seen.append(lake.exists(backup)) or {}, ["--run-dir", run], resume_folder="checkpoints"
+    )
     assert seen[-1] is False, "a completed stage run again starts over"

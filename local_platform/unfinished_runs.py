@@ -2,9 +2,9 @@
 Airflow home, so that Airflow neither resumes them later nor queues new runs behind them
 (the DAG allows one active run).
 
-    AIRFLOW_HOME=... python -m include.unfinished_runs DAG_ID [RUN_ID ...]
+    AIRFLOW_HOME=... python -m local_platform.unfinished_runs DAG_ID [RUN_ID ...]
 
-include/airflow_local.py runs it, with the home's environment, while it holds the home, so no
+local_platform/airflow_runner.py runs it, with the home's environment, while it holds the home, so no
 other command can be running them. It marks each run failed as the UI's "Mark as failed" does:
 unfinished task instances become failed or skipped.
 """

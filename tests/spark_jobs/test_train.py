@@ -21,24 +21,33 @@ import numpy as np
 import psutil
 import pytest
 
-from include.local_runner import local_argv, run_pipeline, spark_env, submit_stage
-from include.local_s3 import LocalS3
+from include.local_spark import local_argv, spark_env, submit_stage
 from include.spark_submit import PREPROCESSING_STAGES, package_code
+from local_platform.moto_s3 import LocalS3
+from local_platform.stage_runner import run_pipeline
 from spark_jobs.generate import load_model
 from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import REPO_ROOT, load_config
 from spark_jobs.lib.train_state import BACKUP
-from spark_jobs.lib.trainer import build_optimizer
 from spark_jobs.lib.train_stats import EPOCH_COLUMNS
+from spark_jobs.lib.trainer import build_optimizer
 from tests.conftest import small_config
 
 pytestmark = pytest.mark.slow
 
 TINY_TRAINING = [
-    "model.n_layer=1", "model.n_head=2", "train.batch_size=16", "train.max_steps=40", "train.warmup_steps=4",
-    "train.learning_rate=0.005", "train.eval_interval=20", "train.eval_batches=4", "train.log_interval=10",
-    "train.checkpoint_interval=20", "generate.max_new_tokens=20",
-]  # fmt: skip
+    "model.n_layer=1",
+    "model.n_head=2",
+    "train.batch_size=16",
+    "train.max_steps=40",
+    "train.warmup_steps=4",
+    "train.learning_rate=0.005",
+    "train.eval_interval=20",
+    "train.eval_batches=4",
+    "train.log_interval=10",
+    "train.checkpoint_interval=20",
+    "generate.max_new_tokens=20",
+]
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +120,7 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     # The last evaluation scores every validation window once, whatever passes came before it.
     assert float(last["val_loss"]) == pytest.approx(whole_split_loss(run), rel=2e-5)
     assert float(first["grad_norm_min"]) <= float(first["grad_norm_mean"]) <= float(first["grad_norm_max"])
-    # The first step, which compiles, is timed apart (tests/test_train_inputs.py: left out of tokens/s).
+    # The first step, which compiles, is timed apart (tests/spark_jobs/test_train_inputs.py: left out of tokens/s).
     assert stats["compile_s"] > 0 and stats["tokens_per_s"] > 0 and float(first["tokens_per_s"]) > 0
     progress = lake.read_json(lake.join(run, lake.progress_path("train")))  # what the EMR task logs while it runs
     assert (progress["step"], progress["max_steps"], progress["seconds_left"]) == (40, 40, 0) and progress["loss"] > 0
@@ -143,8 +152,11 @@ def whole_split_loss(run: str) -> float:
 
     model, _ = load_model(lake.join(run, "model"))
     manifest = lake.read_json(lake.join(run, lake.MANIFEST_PATH))
-    windows = [decode_example(record) for shard in manifest["splits"]["val"]["shards"]
-               for record in iter_records(lake.read_bytes(lake.join(run, "tfrecords", shard)))]  # fmt: skip
+    windows = [
+        decode_example(record)
+        for shard in manifest["splits"]["val"]["shards"]
+        for record in iter_records(lake.read_bytes(lake.join(run, "tfrecords", shard)))
+    ]
     assert len(windows) == manifest["splits"]["val"]["windows"]
     inputs = np.stack([window["input_ids"] for window in windows]).astype(np.int32)
     targets = np.stack([window["target_ids"] for window in windows]).astype(np.int32)
@@ -168,8 +180,9 @@ def training_processes(run: str) -> list[psutil.Process]:
 
 
 def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup(prepared):
-    config, run, code = fresh_run(prepared, "killed-worker", ["train.max_steps=600", "train.eval_interval=100",
-                                                              "train.checkpoint_interval=100"])  # fmt: skip
+    config, run, code = fresh_run(
+        prepared, "killed-worker", ["train.max_steps=600", "train.eval_interval=100", "train.checkpoint_interval=100"]
+    )
     failure = []
     stage = threading.Thread(target=lambda: _run_capturing(failure, config, run, code))
     stage.start()
@@ -201,11 +214,23 @@ def test_the_local_runner_stopped_by_sigterm_leaves_no_training_behind(prepared,
     spark_folders.mkdir()
     with (tmp_path / "runner.log").open("w") as log:  # a file, not a pipe that nobody reads until the end
         runner = subprocess.Popen(
-            [sys.executable, "-m", "include.local_runner", "--run-id", "sigterm", "--set", f"lake={lake_dir}",
-             "--stages", "train"],
-            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "local_platform.stage_runner",
+                "--run-id",
+                "sigterm",
+                "--set",
+                f"lake={lake_dir}",
+                "--stages",
+                "train",
+            ],
+            cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
             env={**os.environ, "SPARK_LOCAL_DIRS": str(spark_folders)},
-        )  # fmt: skip
+        )
     deadline = time.monotonic() + 240
     while len(training_processes(run)) < 2:
         assert runner.poll() is None and time.monotonic() < deadline, "training did not start"
@@ -257,8 +282,15 @@ def test_a_worker_trains_from_an_s3_run_folder(prepared, monkeypatch, tmp_path):
             monkeypatch.setenv(key, value)
         s3_run = "s3://lake/runs/on-s3"
         lake.upload_dir(lake.local_path(run), s3_run)
-        config = load_config(overrides=[config.model_dump(), {"lake": "s3://lake", "target": "emr"}, "train.num_workers=1",
-                                        "train.max_steps=10", "train.checkpoint_interval=5"])  # fmt: skip
+        config = load_config(
+            overrides=[
+                config.model_dump(),
+                {"lake": "s3://lake", "target": "emr"},
+                "train.num_workers=1",
+                "train.max_steps=10",
+                "train.checkpoint_interval=5",
+            ]
+        )
         result = run_worker(s3_run, config, tmp_path)
         assert result["steps"] == 10 and result["resumed_from_step"] == 0
         assert lake.exists(lake.join(s3_run, "stats", "epochs.csv"))
@@ -279,8 +311,9 @@ def run_worker(run: str, config, tmp_path: Path) -> dict:
     lake.write_text(lake.join(run, lake.CONFIG_FILE), config.to_json())
     result_file = tmp_path / "result.json"
     completed = subprocess.run(
-        [sys.executable, "-m", "spark_jobs.lib.trainer", "--run-dir", run, "--result", str(result_file)], cwd=REPO_ROOT,
+        [sys.executable, "-m", "spark_jobs.lib.trainer", "--run-dir", run, "--result", str(result_file)],
+        cwd=REPO_ROOT,
         env={**os.environ, "TMPDIR": str(tmp_path)},  # TensorFlow's autograph files, which a worker's exit leaves
-    )  # fmt: skip
+    )
     assert completed.returncode == 0
     return json.loads(result_file.read_text())

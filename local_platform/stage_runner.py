@@ -1,7 +1,7 @@
-"""Run stages with spark-submit on this machine (target: local).
+"""Run stages with spark-submit on this machine (target: local), without Airflow.
 
-`python -m include.local_runner` runs the preprocessing and training stages in order on a
-corpus and prints where the outputs are; the DAG uses `submit_stage` for its local target.
+`python -m local_platform.stage_runner` runs the preprocessing and training stages in order on a
+corpus (or the stages named, in an existing run folder) and prints where the outputs are.
 """
 
 from __future__ import annotations
@@ -9,17 +9,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import signal
-import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pyspark
-
-from include import class_archive, locks
-from include.spark_submit import STAGES, local_master, packaged_code, spark_submit_argv
+from include import locks
+from include.local_spark import StageFailed, headline, submit_stage
+from include.spark_submit import STAGES, packaged_code
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import (
@@ -33,22 +30,7 @@ from spark_jobs.lib.config import (
     to_uri,
     validate,
 )
-from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
-
-
-VECTOR_MODULE = "--add-modules=jdk.incubator.vector"
-STOP_GRACE_S = 15
-
-
-class StageFailed(RuntimeError):
-    def __init__(self, stage: str, returncode: int, argv: list[str]):
-        super().__init__(f"stage {stage} failed with exit code {returncode} (command: {' '.join(argv)})")
-        self.returncode = returncode
-
-    @property
-    def bad_input(self) -> bool:
-        """The stage stopped on bad input (its one-line ERROR says what): a retry would fail the same way."""
-        return self.returncode == BAD_INPUT_EXIT
+from spark_jobs.lib.errors import PipelineError
 
 
 def describe(stage: str, stats: dict) -> list[str]:
@@ -68,68 +50,6 @@ def figure(value) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     return f"{value:,}" if isinstance(value, int) else f"{value:,.4g}"
-
-
-def headline(stats: dict) -> dict:
-    """The numbers and text at the top of a stage's stats, not the lists that grow with the corpus
-    (a window per document, a warning per file): what the local runner prints, and the DAG's
-    task returns as its XCom, which Airflow keeps in its database."""
-    return {key: value for key, value in stats.items() if isinstance(value, (int, float, str))}
-
-
-def spark_env(jvm_options: tuple[str, ...] = ()) -> dict[str, str]:
-    env = dict(os.environ)
-    # Driver and executors run the interpreter of this virtual environment.
-    env["PYSPARK_PYTHON"] = sys.executable
-    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    # The pinned pyspark's Spark. Named here, not found by pyspark's find-spark-home script, which
-    # breaks on a space in the interpreter's path.
-    env["SPARK_HOME"] = str(Path(pyspark.__file__).parent)
-    bin_dir = str(Path(sys.executable).parent)
-    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
-    # Locally the driver JVM (spark-submit's own) runs the executors too. With the JDK's vector
-    # module, MLlib's BLAS (Word2Vec) uses SIMD instead of plain Java loops: about 1.5x faster here.
-    # The JVM's own temporary folders (spark-*) go where this process's do (make run: airflow_home/tmp,
-    # emptied by the next command: what a killed stage leaves is not left in /tmp).
-    java_tmp = (class_archive.path_option("-Djava.io.tmpdir", Path(env["TMPDIR"])),) if env.get("TMPDIR") else ()
-    env["SPARK_SUBMIT_OPTS"] = " ".join(
-        filter(None, [env.get("SPARK_SUBMIT_OPTS"), VECTOR_MODULE, *java_tmp, *jvm_options])
-    )
-    return env
-
-
-def local_argv(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) -> list[str]:
-    argv = spark_submit_argv(
-        stage, config, code_uri=str(code_dir), run_dir=run_dir, master=local_master(stage, config, os.cpu_count() or 2)
-    )
-    argv[0] = str(Path(sys.executable).parent / "spark-submit")
-    return argv
-
-
-def submit_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) -> None:
-    argv = local_argv(stage, config, run_dir, code_dir)
-    with class_archive.sharing(stage) as jvm_options:
-        returncode = run_spark_submit(argv, spark_env(jvm_options))
-        if returncode != 0:
-            raise StageFailed(stage, returncode, argv)
-
-
-def run_spark_submit(argv: list[str], env: dict[str, str]) -> int:
-    """spark-submit's exit code. When this process is stopped meanwhile (Ctrl-C, SIGTERM, Airflow
-    stopping the task), spark-submit gets SIGTERM first: Spark's shutdown then stops its Python
-    workers and removes its temporary folders, which a SIGKILL would leave in /tmp. What still
-    runs STOP_GRACE_S later is killed."""
-    process = subprocess.Popen(argv, env=env)
-    try:
-        return process.wait()
-    except BaseException:
-        process.terminate()
-        try:
-            process.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        raise
 
 
 def run_pipeline(config: PipelineConfig, run_id: str, stages: tuple[str, ...] | None = None) -> str:
@@ -153,7 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--corpus and --set change them",
     )
     parser.add_argument(
-        "--stages", default=",".join(STAGES), help="comma-separated stages to run; they run in pipeline order (default: all)"
+        "--stages",
+        default=",".join(STAGES),
+        help="comma-separated stages to run; they run in pipeline order (default: all)",
     )
     return parser.parse_args(argv)
 
@@ -232,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = resolve_config(args)
         if config.target != "local":
-            raise ConfigError(f"target is {config.target}: this command runs stages on this machine (target local), "
-                              "target emr runs from the DAG; to run here, add --set target=local --set lake=lake")
+            raise ConfigError(
+                f"target is {config.target}: this command runs stages on this machine (target local), "
+                "target emr runs from the DAG; to run here, add --set target=local --set lake=lake"
+            )
         stages = chosen_stages(args.stages)
         if not (args.run_id and lake.exists(lake.join(lake.run_dir(config, args.run_id), lake.CONFIG_FILE))):
             check_new_run_has_inputs(stages, args.run_id)
@@ -244,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if "train" in stages:
             memory.check_local_training(config)
         run_id = args.run_id or new_run_id(config, f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")
-        with locks.run_folder_held(lake.run_dir(config, run_id), "python -m include.local_runner"):
+        with locks.run_folder_held(lake.run_dir(config, run_id), "python -m local_platform.stage_runner"):
             run_dir = run_pipeline(config, run_id, stages)
     except (PipelineError, StageFailed) as error:
         print(f"ERROR {error}", file=sys.stderr)

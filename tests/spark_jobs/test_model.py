@@ -10,8 +10,15 @@ VOCAB, BLOCK, DIM = 50, 16, 16
 
 
 def tiny_decoder(**overrides) -> keras.Model:
-    settings = {"vocab_size": VOCAB, "block_size": BLOCK, "dim": DIM, "n_layer": 2, "n_head": 4, "mlp_ratio": 2,
-                "dropout": 0.0} | overrides  # fmt: skip
+    settings = {
+        "vocab_size": VOCAB,
+        "block_size": BLOCK,
+        "dim": DIM,
+        "n_layer": 2,
+        "n_head": 4,
+        "mlp_ratio": 2,
+        "dropout": 0.0,
+    } | overrides
     return build_decoder(**settings)
 
 

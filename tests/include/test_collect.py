@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from include.collect import RunFolder, collect_record, promote_record, remove_old_runs, report_text
-from include.local_s3 import LocalS3
 from include.spark_submit import STAGES
+from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import load_config
 from spark_jobs.lib.errors import PipelineError
@@ -53,11 +53,24 @@ SHORT_FILE_WARNING = "corpus file file:///c/a.txt: its validation part has 4 tok
 def run_files(config_json: str, nats_per_char: float = 0.9) -> dict[str, bytes]:
     files = {f"stats/{stage}.json": json.dumps({"duration_s": 1.5}).encode() for stage in STAGES}
     files["stats/window.json"] = json.dumps({"duration_s": 1.5, "warnings": [SHORT_FILE_WARNING]}).encode()
-    files["stats/tokenize.json"] = json.dumps({"duration_s": 1.5, "files": 1, "tokenizer": {"vocab_size": 300}}).encode()
-    splits = {"train": {"chars": 9000, "tokens": 4000, "windows": 60}, "val": {"chars": 1000, "tokens": 450, "windows": 5}}
+    files["stats/tokenize.json"] = json.dumps(
+        {"duration_s": 1.5, "files": 1, "tokenizer": {"vocab_size": 300}}
+    ).encode()
+    splits = {
+        "train": {"chars": 9000, "tokens": 4000, "windows": 60},
+        "val": {"chars": 1000, "tokens": 450, "windows": 5},
+    }
     files["stats/export.json"] = json.dumps({"duration_s": 1.5, "splits": splits}).encode()
-    train = {"duration_s": 9.0, "final_val_loss": 2.5, "final_val_nats_per_char": nats_per_char, "steps": 40,
-             "workers": 2, "parameters": 123456, "tokens_per_s": 5123.4, "train_wall_s": 8.2}  # fmt: skip
+    train = {
+        "duration_s": 9.0,
+        "final_val_loss": 2.5,
+        "final_val_nats_per_char": nats_per_char,
+        "steps": 40,
+        "workers": 2,
+        "parameters": 123456,
+        "tokens_per_s": 5123.4,
+        "train_wall_s": 8.2,
+    }
     files |= {
         "config.json": config_json.encode(),
         "stats/train.json": json.dumps(train).encode(),
@@ -109,30 +122,68 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     assert "- model: 4 layers, 4 heads, width 128, 128 tokens of context, vocabulary 300: 123,456 parameters" in text
     assert "- training: 40 steps on 2 workers, 5,123 tokens/s, 8 s\n" in text
     assert "| 20 | 3.1 | 2.7 | 1 | 0.002 |\n| 40 | 2.6 | 2.5 | 0.9 | 0.0002 |\n" in text
-    assert report["evaluations"][-1] == {"step": 40, "train_loss": 2.6, "val_loss": 2.5, "val_nats_per_char": 0.9,
-                                         "learning_rate": 0.0002}  # fmt: skip
+    assert report["evaluations"][-1] == {
+        "step": 40,
+        "train_loss": 2.6,
+        "val_loss": 2.5,
+        "val_nats_per_char": 0.9,
+        "learning_rate": 0.0002,
+    }
     # Stage warnings travel with the report, so that a run on EMR shows them too.
     assert report["warnings"] == [f"[window] {SHORT_FILE_WARNING}"]
     assert f"## Warnings\n\n- [window] {SHORT_FILE_WARNING}\n" in copied["report.md"].decode()
 
 
 def test_the_report_of_a_resumed_training_says_its_speed_and_time_are_the_last_attempts():
-    report = {"run": "r", "final_val_loss": 2.5, "val_nats_per_char": 0.9, "s3_uri": "s3://b/runs/r/", "run_folder": "f",
-              "corpus": ["file:///c.txt"], "files": 1, "vocab_size": 300, "splits": {}, "stage_seconds": {},
-              "warnings": [], "evaluations": [], "sample": "",
-              "model": {"n_layer": 4, "n_head": 4, "dim": 128, "block_size": 128},
-              "train": {"steps": 300, "workers": 2, "tokens_per_s": 5123.4, "train_wall_s": 8.2, "resumed_from_step": 280,
-                        "steps_this_attempt": 20}}  # fmt: skip
-    assert "- training: 300 steps on 2 workers, 5,123 tokens/s, 8 s (resumed from step 280: the speed and time are " \
-           "of the last 20 steps)\n" in report_text(report)  # fmt: skip
-
+    report = {
+        "run": "r",
+        "final_val_loss": 2.5,
+        "val_nats_per_char": 0.9,
+        "s3_uri": "s3://b/runs/r/",
+        "run_folder": "f",
+        "corpus": ["file:///c.txt"],
+        "files": 1,
+        "vocab_size": 300,
+        "splits": {},
+        "stage_seconds": {},
+        "warnings": [],
+        "evaluations": [],
+        "sample": "",
+        "model": {"n_layer": 4, "n_head": 4, "dim": 128, "block_size": 128},
+        "train": {
+            "steps": 300,
+            "workers": 2,
+            "tokens_per_s": 5123.4,
+            "train_wall_s": 8.2,
+            "resumed_from_step": 280,
+            "steps_this_attempt": 20,
+        },
+    }
+    assert (
+        "- training: 300 steps on 2 workers, 5,123 tokens/s, 8 s (resumed from step 280: the speed and time are "
+        "of the last 20 steps)\n" in report_text(report)
+    )
 
 
 def test_the_report_counts_the_files_read_apart_from_those_skipped():
-    report = {"run": "r", "final_val_loss": 2.5, "val_nats_per_char": 0.9, "s3_uri": "s3://b/runs/r/", "run_folder": "f",
-              "corpus": ["file:///books/**/*.txt"], "files": 37, "skipped_files": 1, "vocab_size": 300, "splits": {},
-              "stage_seconds": {}, "warnings": [], "evaluations": [], "sample": "",
-              "model": {"n_layer": 4, "n_head": 4, "dim": 128, "block_size": 128}, "train": {}}  # fmt: skip
+    report = {
+        "run": "r",
+        "final_val_loss": 2.5,
+        "val_nats_per_char": 0.9,
+        "s3_uri": "s3://b/runs/r/",
+        "run_folder": "f",
+        "corpus": ["file:///books/**/*.txt"],
+        "files": 37,
+        "skipped_files": 1,
+        "vocab_size": 300,
+        "splits": {},
+        "stage_seconds": {},
+        "warnings": [],
+        "evaluations": [],
+        "sample": "",
+        "model": {"n_layer": 4, "n_head": 4, "dim": 128, "block_size": 128},
+        "train": {},
+    }
     assert "- corpus: file:///books/**/*.txt (36 files read, 1 skipped): " in report_text(report)
     assert "- corpus: file:///books/**/*.txt (37 files): " in report_text(report | {"skipped_files": 0})
 
@@ -358,10 +409,13 @@ def test_a_run_folder_in_use_is_not_pruned(s3, hook, tmp_path, caplog):
     for run_dir in (old, new):
         finished_run(s3, run_dir, run_files(config.to_json()))
         collect_record(run_dir, hook, STAGES)
-    with locks.run_folder_held(old, "python -m include.local_runner"):
+    with locks.run_folder_held(old, "python -m local_platform.stage_runner"):
         assert remove_old_runs(new, hook) == []
     assert lake.exists(lake.join(old, "report.json"))
-    assert f"keep_runs: left {old} alone: run folder {old} is in use by python -m include.local_runner" in caplog.text
+    assert (
+        f"keep_runs: left {old} alone: run folder {old} is in use by python -m local_platform.stage_runner"
+        in caplog.text
+    )
     assert remove_old_runs(new, hook) == [old]
     assert not lake.exists(old)
 
@@ -369,8 +423,9 @@ def test_a_run_folder_in_use_is_not_pruned(s3, hook, tmp_path, caplog):
 def test_the_run_folder_latest_points_at_is_kept_whatever_its_age(s3, hook, tmp_path, caplog):
     """With s3.promote: if_better the served model may be older than the newest keep_runs runs: its
     folder stays (under make airflow, the S3 record ends with the command)."""
-    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=served", "keep_runs=1",
-                                    "s3.promote=if_better"])  # fmt: skip
+    config = load_config(
+        overrides=[{"lake": str(tmp_path / "lake")}, "run_name=served", "keep_runs=1", "s3.promote=if_better"]
+    )
     best, worse, newest = (lake.run_dir(config, run_id) for run_id in ("served-best", "served-worse", "served-new"))
     for run_dir, nats_per_char in ((best, 0.8), (worse, 1.5), (newest, 1.4)):
         finished_run(s3, run_dir, run_files(config.to_json(), nats_per_char))
@@ -385,7 +440,7 @@ def test_reports_of_an_older_version_are_ordered_by_their_files_time(s3, hook, t
     """Their reports hold no collected_at: the report file's time stands in for it."""
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=books", "keep_runs=2"])
     runs = [lake.run_dir(config, f"books-{name}") for name in ("b-older", "a-newer", "new")]
-    for days_ago, run_dir in zip((20, 10, 0), runs):
+    for days_ago, run_dir in zip((20, 10, 0), runs, strict=True):
         finished_run(s3, run_dir, run_files(config.to_json()))
         collect_record(run_dir, hook, STAGES)
         if days_ago:
@@ -399,7 +454,7 @@ def test_reports_of_an_older_version_are_ordered_by_their_files_time(s3, hook, t
 
 @pytest.mark.parametrize("prefix", ["", "/", "records/2026"])
 def test_make_run_reads_the_report_collect_wrote_whatever_the_prefix(s3, hook, tmp_path, prefix):
-    from include.airflow_local import read_report
+    from local_platform.airflow_runner import read_report
 
     bucket = f"prefix-{len(prefix)}"
     s3.client().create_bucket(Bucket=bucket)

@@ -1,12 +1,13 @@
 """The training memory estimate (spark_jobs/lib/memory.py) and the refusals built on it. How close
-the estimate comes to a real worker's peak is checked by tests/test_train.py and measured, for
+the estimate comes to a real worker's peak is checked by tests/spark_jobs/test_train.py and measured, for
 several model shapes, by benchmarks/train_memory.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from include import airflow_local, emr, emr_tasks
+from include import emr, emr_tasks
+from local_platform import airflow_runner
 from spark_jobs.lib import memory
 from spark_jobs.lib.config import ConfigError, load_config
 
@@ -15,17 +16,25 @@ EMR = {"target": "emr", "lake": "s3://gpt-pipeline/lake", "corpus": "s3://gpt-pi
 
 @pytest.mark.parametrize(
     "overrides",
-    [[], ["tokenizer.vocab_size=300", "data.block_size=2", "embedding.dim=6", "model.n_head=3", "model.n_layer=1"],
-     ["embedding.dim=384", "model.n_head=6", "model.n_layer=7", "model.mlp_ratio=2", "data.block_size=512"]],
+    [
+        [],
+        ["tokenizer.vocab_size=300", "data.block_size=2", "embedding.dim=6", "model.n_head=3", "model.n_layer=1"],
+        ["embedding.dim=384", "model.n_head=6", "model.n_layer=7", "model.mlp_ratio=2", "data.block_size=512"],
+    ],
 )
 def test_the_parameter_count_is_the_models(overrides):
     from spark_jobs.lib.model import build_decoder
 
     config = load_config(overrides=overrides)
     model = build_decoder(
-        vocab_size=config.tokenizer.vocab_size, block_size=config.data.block_size, dim=config.embedding.dim,
-        n_layer=config.model.n_layer, n_head=config.model.n_head, mlp_ratio=config.model.mlp_ratio, dropout=0.0,
-    )  # fmt: skip
+        vocab_size=config.tokenizer.vocab_size,
+        block_size=config.data.block_size,
+        dim=config.embedding.dim,
+        n_layer=config.model.n_layer,
+        n_head=config.model.n_head,
+        mlp_ratio=config.model.mlp_ratio,
+        dropout=0.0,
+    )
     assert memory.parameters(config) == model.count_params()
 
 
@@ -41,8 +50,10 @@ def test_the_activations_grow_with_the_mlps_width():
     model.mlp_ratio=4 and 3,605 to 3,719 MB at 16 (benchmarks/train_memory.py), all but 144 MB of
     the difference in activations: 4.4 copies of b*T*L*D (32 MB) per unit of ratio."""
     shape = ["train.num_workers=1", "embedding.dim=256", "data.block_size=32", "train.batch_size=256"]
-    estimate = {ratio: memory.worker_peak_mb(load_config(overrides=[*shape, f"model.mlp_ratio={ratio}"]), 2048)
-                for ratio in (1, 4, 16)}  # fmt: skip
+    estimate = {
+        ratio: memory.worker_peak_mb(load_config(overrides=[*shape, f"model.mlp_ratio={ratio}"]), 2048)
+        for ratio in (1, 4, 16)
+    }
     assert estimate[4]["activations"] == 22 * 32  # the default ratio keeps the fitted constant
     assert estimate[16]["activations"] - estimate[4]["activations"] == pytest.approx(12 * 4.4 * 32, abs=1)
     assert estimate[4]["activations"] - estimate[1]["activations"] == pytest.approx(3 * 4.4 * 32, abs=1)
@@ -56,8 +67,10 @@ def test_a_model_too_big_for_a_worker_is_refused_naming_the_settings():
     message = str(error.value)
     assert message.startswith("training needs about 37,650 MB per worker (runtime 1,000, ")
     assert "attention scores 32,768" in message and "a batch of 16 x 4096 tokens per worker" in message
-    assert message.endswith("more than the 11,000 MB a worker has on this machine: attention scores take the most; "
-                            "lower data.block_size, train.batch_size, model.n_head or model.n_layer")
+    assert message.endswith(
+        "more than the 11,000 MB a worker has on this machine: attention scores take the most; "
+        "lower data.block_size, train.batch_size, model.n_head or model.n_layer"
+    )
     assert memory.check_training_fits(load_config(), 11_000, "here")["total"] < 2_000
     # A large vocabulary: its logits and weights, not the block size.
     with pytest.raises(ConfigError, match="logits take the most; lower tokenizer.vocab_size, train.batch_size or "):
@@ -88,10 +101,10 @@ def test_a_containers_memory_limit_counts_when_it_is_lower(tmp_path):
 
 
 def test_make_run_refuses_a_model_too_big_for_this_machine_before_airflow_starts(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
     # A batch per worker whose attention scores alone outgrow any machine this runs on.
     too_big = ["--set", "train.batch_size=200000", "--set", "model.n_layer=64"]
-    assert airflow_local.main(["run", *too_big]) == 2
+    assert airflow_runner.main(["run", *too_big]) == 2
     error = capsys.readouterr().err
     assert "ERROR training needs about " in error and "a worker has on this machine (" in error
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from include import airflow_local
-from include.local_s3 import LocalS3
+from local_platform import airflow_runner
+from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, REPO_ROOT, apply_overrides, read_yaml
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from include.airflow_local import exclusive_home
+from local_platform.airflow_runner import exclusive_home
 with exclusive_home(Path(sys.argv[1]), "make airflow"):
     print("holding", flush=True)
     time.sleep(300)
@@ -32,13 +32,13 @@ with exclusive_home(Path(sys.argv[1]), "make airflow"):
 
 
 def test_a_second_command_is_refused_while_another_holds_the_home(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path)
+    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path)
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD, str(tmp_path)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
     )
     try:
         assert holder.stdout.readline() == "holding\n"
-        assert airflow_local.main(["run"]) == 2
+        assert airflow_runner.main(["run"]) == 2
         error = capsys.readouterr().err
         assert f"ERROR {tmp_path} is in use by `make airflow` (pid {holder.pid})" in error
         assert "trigger runs from its UI" in error
@@ -46,7 +46,7 @@ def test_a_second_command_is_refused_while_another_holds_the_home(tmp_path, monk
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     # A killed holder leaves no stale lock behind (a held lock would raise here).
-    with airflow_local.exclusive_home(tmp_path, "make run"):
+    with airflow_runner.exclusive_home(tmp_path, "make run"):
         assert (tmp_path / "in-use.lock").read_text().startswith("`make run` (pid ")
 
 
@@ -55,24 +55,29 @@ def test_target_emr_is_refused_before_airflow_starts(tmp_path, monkeypatch, caps
     emr = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"target": "emr", "lake": "s3://gpt-pipeline/lake"})
     (tmp_path / "emr.yaml").write_text(yaml.safe_dump(emr))
     monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(tmp_path / "emr.yaml"))
-    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
-    assert airflow_local.main([command]) == 2
+    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
+    assert airflow_runner.main([command]) == 2
     error = capsys.readouterr().err
     assert f"ERROR target: 'emr' (from {tmp_path / 'emr.yaml'}): `make run` and `make airflow` run the DAG" in error
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
 def test_settings_of_the_dag_itself_from_set_are_refused_before_airflow_starts(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
     # The lake is still file://, which the config model would refuse for emr first.
-    assert airflow_local.main(["run", "--overrides", "target=emr"]) == 2
+    assert airflow_runner.main(["run", "--overrides", "target=emr"]) == 2
     assert "ERROR target: 'emr' (from SET): `make run` and `make airflow` run the DAG" in capsys.readouterr().err
-    assert airflow_local.main(["run", "--overrides", "target=emrr"]) == 2
+    assert airflow_runner.main(["run", "--overrides", "target=emrr"]) == 2
     assert "target: Input should be 'local' or 'emr' (got 'emrr')" in capsys.readouterr().err
-    assert airflow_local.main(["run", "--overrides", "schedule=@daily"]) == 2
-    assert "ERROR schedule: '@daily' (from SET): the DAG's schedule is read from pipeline.yaml" in capsys.readouterr().err
-    assert airflow_local.main(["run", "--overrides", "s3.bucket=other-bucket"]) == 2  # the model asset's URI
-    assert "ERROR s3.bucket: 'other-bucket' (from SET): the DAG's s3.bucket is read from pipeline.yaml" in capsys.readouterr().err
+    assert airflow_runner.main(["run", "--overrides", "schedule=@daily"]) == 2
+    assert (
+        "ERROR schedule: '@daily' (from SET): the DAG's schedule is read from pipeline.yaml" in capsys.readouterr().err
+    )
+    assert airflow_runner.main(["run", "--overrides", "s3.bucket=other-bucket"]) == 2  # the model asset's URI
+    assert (
+        "ERROR s3.bucket: 'other-bucket' (from SET): the DAG's s3.bucket is read from pipeline.yaml"
+        in capsys.readouterr().err
+    )
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
@@ -81,8 +86,8 @@ def test_a_schedule_the_dag_could_not_parse_is_named_before_airflow_starts(tmp_p
     bad = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"schedule": "every monday"})
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(bad))
     monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(tmp_path / "pipeline.yaml"))
-    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
-    assert airflow_local.main([command]) == 2
+    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
+    assert airflow_runner.main([command]) == 2
     error = capsys.readouterr().err
     assert "ERROR invalid configuration: schedule: " in error
     assert "it takes a cron expression such as '0 3 * * 1' (UTC), a preset such as @daily or @weekly" in error
@@ -90,19 +95,22 @@ def test_a_schedule_the_dag_could_not_parse_is_named_before_airflow_starts(tmp_p
 
 
 def test_a_missing_or_too_small_corpus_is_named_before_airflow_starts(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
-    assert airflow_local.main(["run", "--corpus", str(tmp_path / "books" / "*.txt")]) == 2
+    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
+    assert airflow_runner.main(["run", "--corpus", str(tmp_path / "books" / "*.txt")]) == 2
     assert f"ERROR corpus {(tmp_path / 'books').as_uri()}/*.txt matches no file" in capsys.readouterr().err
     (tmp_path / "note.txt").write_text("Too short for a window.\n")
-    assert airflow_local.main(["run", "--corpus", str(tmp_path / "note.txt")]) == 2
+    assert airflow_runner.main(["run", "--corpus", str(tmp_path / "note.txt")]) == 2
     assert "ERROR the corpus holds 24 bytes, so at most 24 tokens" in capsys.readouterr().err
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
 def test_set_corpus_wins_over_corpus_as_in_the_dag(tmp_path, monkeypatch, capsys):
     """The DAG applies the form's corpus, then its overrides: make run checks the corpus the DAG will read."""
-    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
-    assert airflow_local.main(["run", "--corpus", str(tmp_path / "a.txt"), "--overrides", f"corpus={tmp_path / 'b.txt'}"]) == 2
+    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
+    assert (
+        airflow_runner.main(["run", "--corpus", str(tmp_path / "a.txt"), "--overrides", f"corpus={tmp_path / 'b.txt'}"])
+        == 2
+    )
     assert f"ERROR corpus {(tmp_path / 'b.txt').as_uri()} matches no file" in capsys.readouterr().err
 
 
@@ -111,23 +119,23 @@ def test_make_airflow_starts_with_a_missing_default_corpus_and_says_so(tmp_path,
     missing = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"corpus": str(tmp_path / "not-here.txt")})
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(missing))
     monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(tmp_path / "pipeline.yaml"))
-    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
     started = []
-    monkeypatch.setattr(airflow_local, "ui", lambda config: started.append(config.corpus) or 0)
-    assert airflow_local.main(["ui"]) == 0
+    monkeypatch.setattr(airflow_runner, "ui", lambda config: started.append(config.corpus) or 0)
+    assert airflow_runner.main(["ui"]) == 0
     assert started == [[(tmp_path / "not-here.txt").as_uri()]]
     assert f"WARNING corpus {(tmp_path / 'not-here.txt').as_uri()} matches no file: a run needs another corpus" in (
         capsys.readouterr().err
     )
-    assert airflow_local.main(["run"]) == 2, "make run still stops on it"
+    assert airflow_runner.main(["run"]) == 2, "make run still stops on it"
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
 @pytest.mark.parametrize("command", ["run", "ui"])
 def test_a_corpus_on_s3_is_refused_since_the_local_s3_starts_empty(tmp_path, monkeypatch, capsys, command):
-    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")  # were S3 asked, it would fail otherwise
-    assert airflow_local.main([command, "--corpus", "s3://books/*.txt"]) == 2
+    assert airflow_runner.main([command, "--corpus", "s3://books/*.txt"]) == 2
     error = capsys.readouterr().err
     assert "ERROR corpus s3://books/*.txt: the S3 of `make run` and `make airflow` is a moto server" in error
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
@@ -140,7 +148,11 @@ def make_run(tmp_path, **variables) -> subprocess.CompletedProcess:
     make = ["make", "--no-print-directory", "-o", "venv", f"VENV={sys.prefix}", "run"]
     return subprocess.run(
         [*make, *(f"{name}={value}" for name, value in variables.items())],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -154,44 +166,62 @@ def test_make_run_takes_quotes_spaces_hashes_and_dollars_in_corpus_and_set(tmp_p
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"ERROR corpus file://{books}/*.txt matches no file" in done.stderr
     # A `$` is text too: make neither expands it nor runs a $(shell …) in it.
-    done = make_run(tmp_path, CORPUS=f"{tmp_path}/$books/*.txt", SET="generate.prompt='$(shell echo run) $5' train.max_steps=0")
+    done = make_run(
+        tmp_path, CORPUS=f"{tmp_path}/$books/*.txt", SET="generate.prompt='$(shell echo run) $5' train.max_steps=0"
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "train.max_steps: Input should be greater than or equal to 1" in done.stderr
     done = make_run(tmp_path, CORPUS=f"{tmp_path}/$books/*.txt")
     assert f"ERROR corpus file://{tmp_path}/$books/*.txt matches no file" in done.stderr
     done = make_run(tmp_path, SET="generate.prompt=O'er")
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "ERROR SET \"generate.prompt=O'er\": No closing quotation; put a value holding a quote in" in done.stderr
+    assert 'ERROR SET "generate.prompt=O\'er": No closing quotation; put a value holding a quote in' in done.stderr
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
 def test_a_taken_ui_port_is_named_before_airflow_starts(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
         monkeypatch.setenv("AIRFLOW__API__PORT", str(port))
-        assert airflow_local.main(["ui"]) == 2
+        assert airflow_runner.main(["ui"]) == 2
     error = capsys.readouterr().err
-    assert f"ERROR 127.0.0.1:{port} is taken (Address already in use): stop what listens there, or give Airflow" in error
+    assert (
+        f"ERROR 127.0.0.1:{port} is taken (Address already in use): stop what listens there, or give Airflow" in error
+    )
     assert not any((tmp_path / "home").glob("*.db")), "Airflow's database was made"
     # A port whose last connections are closing (TIME_WAIT) is free, as the API server binds it.
-    with socket.create_server(("127.0.0.1", port)) as server, socket.create_connection(("127.0.0.1", port)) as client:
+    with socket.create_server(("127.0.0.1", port)) as server, socket.create_connection(("127.0.0.1", port)):
         accepted, _ = server.accept()
         accepted.close()  # the server side closes first: its end waits in TIME_WAIT
-    airflow_local.check_port_free("127.0.0.1", str(port))
+    airflow_runner.check_port_free("127.0.0.1", str(port))
 
 
 def start_make_run(home: Path, corpus: Path, log: Path) -> subprocess.Popen:
     """`make run`'s command in a process group of its own, as a terminal starts it (SIGINT not ignored)."""
-    command = [sys.executable, "-m", "include.airflow_local", "run", "--corpus", str(corpus),
-               "--set", f"lake={home / 'lake'}", "--set", "train.max_steps=20"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "local_platform.airflow_runner",
+        "run",
+        "--corpus",
+        str(corpus),
+        "--set",
+        f"lake={home / 'lake'}",
+        "--set",
+        "train.max_steps=20",
+    ]
     return subprocess.Popen(
-        command, cwd=REPO_ROOT, env={**os.environ, "GPT_PIPELINE_AIRFLOW_HOME": str(home)},
-        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+        command,
+        cwd=REPO_ROOT,
+        env={**os.environ, "GPT_PIPELINE_AIRFLOW_HOME": str(home)},
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
 
 
 def wait_for_a_running_stage(process: subprocess.Popen, log: Path) -> None:
@@ -240,7 +270,9 @@ def test_ctrl_c_stops_the_run_with_its_spark_processes_and_marks_it_failed(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dag_serialized", [True, False], ids=["dag", "dag-gone"])
-def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(tmp_path, shakespeare_slice, dag_serialized):
+def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(
+    tmp_path, shakespeare_slice, dag_serialized
+):
     home, log = tmp_path / "home", tmp_path / "make-run.log"
     process = start_make_run(home, shakespeare_slice, log)
     wait_for_a_running_stage(process, log)
@@ -254,9 +286,9 @@ def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(tm
             db.execute("DELETE FROM serialized_dag")
 
     with LocalS3() as s3:
-        airflow_local.prepare(home, s3)  # how `make run` and `make airflow` start
+        airflow_runner.prepare(home, s3)  # how `make run` and `make airflow` start
     assert run_states(home) == ["failed"]
-    assert airflow_local.unfinished_runs(home) == []
+    assert airflow_runner.unfinished_runs(home) == []
     assert list((home / "tmp").iterdir()) == [], "the next command starts with an empty scratch folder"
 
 
@@ -276,11 +308,16 @@ def free_port() -> int:
 
 def trigger(home: Path, conf: dict) -> None:
     """`airflow dags trigger` on the home's database, once the DAG processor has stored the DAG."""
-    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-           "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"), "PYTHONPATH": str(REPO_ROOT)}  # fmt: skip
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+        "PYTHONPATH": str(REPO_ROOT),
+    }
     deadline = time.monotonic() + 600
     while True:
-        command = [str(airflow_local.AIRFLOW), "dags", "trigger", airflow_local.DAG_ID, "--conf", json.dumps(conf)]
+        command = [str(airflow_runner.AIRFLOW), "dags", "trigger", airflow_runner.DAG_ID, "--conf", json.dumps(conf)]
         done = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True)
         if done.returncode == 0:
             return
@@ -296,14 +333,19 @@ def test_make_airflow_stops_with_a_task_running_and_leaves_no_process(tmp_path, 
     home, log = tmp_path / "home", tmp_path / "make-airflow.log"
     env = {**os.environ, "GPT_PIPELINE_AIRFLOW_HOME": str(home), "AIRFLOW__API__PORT": str(free_port())}
     process = subprocess.Popen(
-        [sys.executable, "-m", "include.airflow_local", "ui"], cwd=REPO_ROOT, env=env, stdout=log.open("w"),
-        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+        [sys.executable, "-m", "local_platform.airflow_runner", "ui"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         trigger(home, {"corpus": str(shakespeare_slice), "overrides": [f"lake={home / 'lake'}", "train.max_steps=20"]})
         wait_for_a_running_stage(process, log)
         stop_command(process, how)
-        assert process.wait(timeout=airflow_local.STANDALONE_GRACE_S + 60) == 0
+        assert process.wait(timeout=airflow_runner.STANDALONE_GRACE_S + 60) == 0
         deadline = time.monotonic() + 30
         while processes_in_session(process.pid) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -317,17 +359,27 @@ def test_the_run_summary_rounds_the_losses_and_offers_more_samples_of_the_runs_p
     folder = tmp_path / "lake" / "runs" / "r"
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({"generate": {"prompt": "Ἀχιλῆος, he said"}}))
-    report = {"run_folder": folder.as_uri(), "s3_uri": "s3://b/runs/r/", "final_val_loss": 4.378682374954224,
-              "val_nats_per_char": 1.7099787123061774, "warnings": ["a file is short"], "sample": "ROMEO: hark"}  # fmt: skip
-    airflow_local.print_report(report, "s3://b/runs/latest/r.json", {"model": "s3://b/runs/r/model/"}, ["r-1", "r-0"])
+    report = {
+        "run_folder": folder.as_uri(),
+        "s3_uri": "s3://b/runs/r/",
+        "final_val_loss": 4.378682374954224,
+        "val_nats_per_char": 1.7099787123061774,
+        "warnings": ["a file is short"],
+        "sample": "ROMEO: hark",
+    }
+    airflow_runner.print_report(report, "s3://b/runs/latest/r.json", {"model": "s3://b/runs/r/model/"}, ["r-1", "r-0"])
     out = capsys.readouterr().out
-    assert "keep_runs:        removed 2 older run folder(s), their only copy (the S3 records of earlier make runs " \
-           "ended with them): r-0, r-1\n" in out  # fmt: skip
+    assert (
+        "keep_runs:        removed 2 older run folder(s), their only copy (the S3 records of earlier make runs "
+        "ended with them): r-0, r-1\n" in out
+    )
     assert f"run folder:       {folder.as_uri()}\nreport:           {folder.as_uri()}/report.md\n" in out
     assert "final val loss:   4.3787 nats/token\nval nats/char:    1.7100\nwarning:          a file is short\n" in out
     assert "generated sample:\nROMEO: hark\n" in out
-    assert out.endswith(f"more samples:     .venv/bin/python -m spark_jobs.generate --model-dir {folder}/model "
-                        "--prompt 'Ἀχιλῆος, he said'\n")
+    assert out.endswith(
+        f"more samples:     .venv/bin/python -m spark_jobs.generate --model-dir {folder}/model "
+        "--prompt 'Ἀχιλῆος, he said'\n"
+    )
 
 
 def test_airflow_reaches_the_local_s3_whatever_aws_profile_or_proxy_this_machine_has(tmp_path, monkeypatch):
@@ -341,30 +393,35 @@ def test_airflow_reaches_the_local_s3_whatever_aws_profile_or_proxy_this_machine
     monkeypatch.setenv("NO_PROXY", "intranet.example")
     monkeypatch.setattr("boto3.DEFAULT_SESSION", None)  # this process's clients read the profile afresh
     with LocalS3(buckets=("gpt-pipeline",)) as s3:
-        env = airflow_local.airflow_env(tmp_path / "home", s3)
+        env = airflow_runner.airflow_env(tmp_path / "home", s3)
         assert "AWS_PROFILE" not in env and "AWS_SESSION_TOKEN" not in env
         assert env["NO_PROXY"] == "intranet.example,127.0.0.1,localhost"
         assert s3.client().list_buckets()["Buckets"][0]["Name"] == "gpt-pipeline"
         # A client in Airflow's environment, as the DAG's S3Hook makes one.
         listed = subprocess.run(
             [sys.executable, "-c", "import boto3; print(boto3.client('s3').list_buckets()['Buckets'][0]['Name'])"],
-            env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert listed.stdout.strip() == "gpt-pipeline", listed.stderr[-2000:]
 
 
 @pytest.mark.slow
 def test_make_run_runs_the_dag_and_prints_where_the_outputs_are(tmp_path, shakespeare_slice, monkeypatch, capfd):
     """The README's first command (its Python part), on a slice and small settings."""
-    from tests.test_dag_local import SMALL_RUN
+    from tests.e2e.test_dag_local import SMALL_RUN
 
-    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
     older = tmp_path / "lake" / "runs" / "slice-older"  # a run of the same name that collect finished
     older.mkdir(parents=True)
     (older / "report.json").write_text(json.dumps({"run": "slice-older", "collected_at": "2026-01-01T00:00:00Z"}))
     (older / "config.json").write_text(json.dumps({"run_name": "slice", "corpus": [f"file://{shakespeare_slice}"]}))
     settings = [f"lake={tmp_path / 'lake'}", "keep_runs=1", *SMALL_RUN]
-    assert airflow_local.main(["run", "--corpus", str(shakespeare_slice), *(f"--set={item}" for item in settings)]) == 0
+    assert (
+        airflow_runner.main(["run", "--corpus", str(shakespeare_slice), *(f"--set={item}" for item in settings)]) == 0
+    )
     out = capfd.readouterr().out
     (run_folder,) = (tmp_path / "lake" / "runs").iterdir()
     assert f"run folder:       {run_folder.as_uri()}\n" in out and (run_folder / "report.md").is_file()
@@ -378,13 +435,12 @@ def test_make_run_runs_the_dag_and_prints_where_the_outputs_are(tmp_path, shakes
 
 @pytest.mark.slow
 def test_a_failed_make_run_ends_with_the_stage_error_to_act_on(tmp_path, monkeypatch, capfd):
-    monkeypatch.setattr(airflow_local, "AIRFLOW_HOME", tmp_path / "home")
+    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(b"To be, or not to be\n" * 500 + b"\x00")
-    assert airflow_local.main(["run", "--corpus", str(corpus), f"--set=lake={tmp_path / 'lake'}"]) == 1
+    assert airflow_runner.main(["run", "--corpus", str(corpus), f"--set=lake={tmp_path / 'lake'}"]) == 1
     last = capfd.readouterr().err.rstrip("\n").rsplit("\n", 1)[-1]
     assert last == (
         f"ERROR the gpt_pipeline run failed in stage tokenize: corpus file {corpus.as_uri()} looks binary (NUL byte at "
         "offset 10000); set data.bad_files=skip to leave such files out"
     )
-

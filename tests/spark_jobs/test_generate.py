@@ -6,18 +6,25 @@ import shutil
 import subprocess
 import sys
 import time
+from itertools import pairwise
 
 import numpy as np
 import pytest
 import yaml
 from tokenizers import ByteLevelBPETokenizer
 
-from include.local_s3 import LocalS3
+from local_platform.moto_s3 import LocalS3
 from spark_jobs import generate as generate_module
 from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, next_token, samples
-from spark_jobs.lib import bpe
-from spark_jobs.lib import lake, train_state
-from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, REPO_ROOT, GenerateConfig, apply_overrides, load_config, read_yaml
+from spark_jobs.lib import bpe, train_state
+from spark_jobs.lib.config import (
+    DEFAULT_CONFIG_PATH,
+    REPO_ROOT,
+    GenerateConfig,
+    apply_overrides,
+    load_config,
+    read_yaml,
+)
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.model import build_decoder
 
@@ -60,8 +67,9 @@ def model_dir(tmp_path_factory, shakespeare):
     folder = tmp_path_factory.mktemp("model")
     tokenizer = ByteLevelBPETokenizer()
     tokenizer.train_from_iterator([shakespeare.read_text()[:20_000]], vocab_size=300, special_tokens=["<|endoftext|>"])
-    model = build_decoder(vocab_size=tokenizer.get_vocab_size(), block_size=8, dim=16, n_layer=1, n_head=2,
-                          mlp_ratio=2, dropout=0.0)  # fmt: skip
+    model = build_decoder(
+        vocab_size=tokenizer.get_vocab_size(), block_size=8, dim=16, n_layer=1, n_head=2, mlp_ratio=2, dropout=0.0
+    )
     model.save(folder / train_state.MODEL_FILE)
     (folder / train_state.TOKENIZER_FILE).write_text(tokenizer._tokenizer.to_str())
     return folder
@@ -122,10 +130,13 @@ def test_several_samples_take_consecutive_seeds(model_dir):
 def test_only_ids_the_tokenizer_knows_are_drawn(model_dir, monkeypatch):
     """BPE may learn fewer tokens than tokenizer.vocab_size, the model's outputs: an id past them decodes to nothing."""
     _, tokenizer = load_model(str(model_dir))
-    model = build_decoder(vocab_size=tokenizer.get_vocab_size() + 50, block_size=8, dim=16, n_layer=1, n_head=2,
-                          mlp_ratio=2, dropout=0.0)  # fmt: skip
+    model = build_decoder(
+        vocab_size=tokenizer.get_vocab_size() + 50, block_size=8, dim=16, n_layer=1, n_head=2, mlp_ratio=2, dropout=0.0
+    )
     sizes, draw = [], generate_module.next_token
-    monkeypatch.setattr(generate_module, "next_token", lambda logits, *rest: sizes.append(logits.size) or draw(logits, *rest))
+    monkeypatch.setattr(
+        generate_module, "next_token", lambda logits, *rest: sizes.append(logits.size) or draw(logits, *rest)
+    )
     generate(model, tokenizer, settings(prompt="The", max_new_tokens=3, strategy="top_k"))
     assert sizes and set(sizes) == {tokenizer.get_vocab_size()}
 
@@ -138,7 +149,7 @@ def test_context_longer_than_the_block_is_cropped_to_its_last_tokens(model_dir):
     assert len(tokenizer.encode(prompt).ids) > block_size and len(spy.contexts) == 12
     # Each draw sees the last block_size ids: the prompt's last ones, then each context moves on by the token drawn.
     assert spy.contexts[0] == tokenizer.encode(prompt).ids[-block_size:]
-    for before, after in zip(spy.contexts, spy.contexts[1:]):
+    for before, after in pairwise(spy.contexts):
         assert len(after) == block_size and after[:-1] == before[1:]
 
 
@@ -150,8 +161,11 @@ def test_a_folder_without_a_model_is_named(tmp_path):
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "spark_jobs.generate", *args],
-        cwd=REPO_ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_cli_prints_a_seeded_continuation(model_dir):
@@ -182,10 +196,15 @@ def test_cli_help_describes_the_command_line_not_the_stage():
 
 def test_cli_without_a_model_takes_the_newest_runs_in_the_lake(model_dir, tmp_path):
     config_file = tmp_path / "pipeline.yaml"
-    config_file.write_text(yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"lake": str(tmp_path / "lake")})))
+    config_file.write_text(
+        yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"lake": str(tmp_path / "lake")}))
+    )
     env = {"GPT_PIPELINE_CONFIG": str(config_file)}
     empty = cli(env=env)  # a bare call is the command line's, not the stage's
-    assert empty.returncode == 2 and f"no run in {tmp_path / 'lake' / 'runs'} has a model yet: run `make run`" in empty.stderr
+    assert (
+        empty.returncode == 2
+        and f"no run in {tmp_path / 'lake' / 'runs'} has a model yet: run `make run`" in empty.stderr
+    )
 
     for run, age_s in (("older", 3600), ("newer", 0)):
         shutil.copytree(model_dir, tmp_path / "lake" / "runs" / run / "model")

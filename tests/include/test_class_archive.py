@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from include import class_archive
-from include.local_runner import spark_env
+from include.local_spark import spark_env
 
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
 

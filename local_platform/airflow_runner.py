@@ -1,7 +1,7 @@
 """Airflow on this machine, with S3 served by a moto server that lives as long as the command.
 
-    python -m include.airflow_local run [--corpus C] [--set section.key=value ...]   (make run)
-    python -m include.airflow_local ui                                               (make airflow)
+    python -m local_platform.airflow_runner run [--corpus C] [--set section.key=value ...]   (make run)
+    python -m local_platform.airflow_runner ui                                               (make airflow)
 
 `run` executes the whole DAG once with `airflow dags test` and prints where the record went, the
 final validation loss and the generated sample. `ui` starts `airflow standalone` (API server
@@ -27,14 +27,22 @@ from collections.abc import Iterable
 from contextlib import closing
 from pathlib import Path
 
+from include import locks
 from include.collect import REPORT_JSON, REPORT_TEXT, latest_key
-from include import locks, process_tree
-from include.local_s3 import LocalS3
-from include.spark_submit import STAGES
 from include.schedule import cron_timetable
+from include.spark_submit import STAGES
+from local_platform import process_tree
+from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib.config import (
-    DAG_SETTINGS, REPO_ROOT, ConfigError, PipelineConfig, apply_overrides, defaults_path, load_config, read_yaml,
+    DAG_SETTINGS,
+    REPO_ROOT,
+    ConfigError,
+    PipelineConfig,
+    apply_overrides,
+    defaults_path,
+    load_config,
+    read_yaml,
     setting,
 )
 from spark_jobs.lib.errors import PipelineError, name_some
@@ -104,9 +112,9 @@ def fail_unfinished_runs(home: Path, env: dict[str, str]) -> None:
     runs = unfinished_runs(home)
     if runs:
         print(f"marking as failed {len(runs)} run(s) an interrupted command left unfinished: {', '.join(runs)}")
-        subprocess.run([sys.executable, "-m", "include.unfinished_runs", DAG_ID, *runs], env=env, cwd=REPO_ROOT, check=True)
-
-
+        subprocess.run(
+            [sys.executable, "-m", "local_platform.unfinished_runs", DAG_ID, *runs], env=env, cwd=REPO_ROOT, check=True
+        )
 
 
 STANDALONE_GRACE_S = 20  # after Ctrl-C, how long `make airflow` waits for Airflow to stop by itself
@@ -126,10 +134,12 @@ def run_stoppable(env: dict[str, str], *args: str, grace_s: float) -> int:
     orphans are found too. Raises Stopped after a stop; returns Airflow's exit code otherwise."""
     process_tree.become_subreaper()
     process = subprocess.Popen(
-        [str(AIRFLOW), *args], env=env, cwd=REPO_ROOT,
+        [str(AIRFLOW), *args],
+        env=env,
+        cwd=REPO_ROOT,
         # Started from a script, SIGINT may arrive ignored; Airflow needs it to shut down cleanly.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     asked: list[float] = []
 
     def stop(number, _frame) -> None:
@@ -209,8 +219,10 @@ def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterabl
     for message in report["warnings"]:
         print(f"warning:          {message}")
     if removed:
-        print(f"keep_runs:        removed {len(removed)} older run folder(s), their only copy (the S3 records of "
-              f"earlier make runs ended with them): {name_some(sorted(removed))}")
+        print(
+            f"keep_runs:        removed {len(removed)} older run folder(s), their only copy (the S3 records of "
+            f"earlier make runs ended with them): {name_some(sorted(removed))}"
+        )
     print(f"generated sample:\n{report['sample']}")
     model = shlex.quote(lake.local_path(report["run_folder"]) + "/model")
     prompt = shlex.quote(lake.read_json(lake.join(report["run_folder"], lake.CONFIG_FILE))["generate"]["prompt"])
@@ -220,10 +232,14 @@ def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterabl
 def exclusive_home(home: Path, command: str):
     """Hold Airflow's home for one command: its SQLite database takes one `airflow dags test` or
     `airflow standalone` at a time."""
-    return locks.held(home / "in-use.lock", f"`{command}`", lambda holder: (
-        f"{home} is in use by {holder}; Airflow's SQLite database there takes one command at a time: "
-        "wait for it or stop it (while `make airflow` runs, trigger runs from its UI)"
-    ))  # fmt: skip
+    return locks.held(
+        home / "in-use.lock",
+        f"`{command}`",
+        lambda holder: (
+            f"{home} is in use by {holder}; Airflow's SQLite database there takes one command at a time: "
+            "wait for it or stop it (while `make airflow` runs, trigger runs from its UI)"
+        ),
+    )
 
 
 def run(config: PipelineConfig, conf: dict) -> int:
@@ -263,7 +279,9 @@ def check_port_free(host: str, port: str) -> None:
     """Airflow standalone carries on without its API server when the port is taken: the UI address
     would be another program's, and the tasks would send their state there."""
     with closing(socket.socket()) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the API server binds: past connections do not count
+        probe.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as the API server binds: past connections do not count
         try:
             probe.bind((host, int(port)))
         except OSError as error:
@@ -287,10 +305,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("command", choices=("run", "ui"))
     parser.add_argument("--corpus", help="run: corpus path, glob or URI (empty: the one in pipeline.yaml)")
     parser.add_argument(  # one value per --set: a list would swallow the command after it
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="run: a config override"
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="run: a config override",
     )
     parser.add_argument(
-        "--overrides", dest="override_words", default="", metavar="'SECTION.KEY=VALUE ...'",
+        "--overrides",
+        dest="override_words",
+        default="",
+        metavar="'SECTION.KEY=VALUE ...'",
         help="run: config overrides separated by spaces and quoted as in a shell (make's SET)",
     )
     return parser.parse_args(argv)
@@ -335,8 +361,10 @@ def warn_unusable_corpus(config: PipelineConfig) -> None:
     try:
         corpus.check_fits(config, lake.corpus_files(config))
     except PipelineError as error:
-        print(f"WARNING {error}: a run needs another corpus in the trigger form, or {defaults_path().name}'s",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"WARNING {error}: a run needs another corpus in the trigger form, or {defaults_path().name}'s",
+            file=sys.stderr,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             raise PipelineError(
                 f"corpus {name_some(on_s3)}: the S3 of `make run` and `make airflow` is a moto server on this machine "
                 "that starts empty; give a local path or file:// URI, or read the corpus from S3 with the local "
-                "runner (`.venv/bin/python -m include.local_runner`, with your AWS credentials) or target 'emr'"
+                "runner (`.venv/bin/python -m local_platform.stage_runner`, with your AWS credentials) or target 'emr'"
             )
         # The DAG's first task checks all again; `make airflow` leaves the corpus, memory and disk
         # checks to it, since each triggered run's form may change the corpus, the model and the windows.

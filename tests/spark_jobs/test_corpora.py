@@ -2,7 +2,7 @@
 with exit code 2 and one line naming the file (or is skipped with a warning under
 data.bad_files=skip). Many small files: validation takes whole files. A re-run clears what read
 the earlier outputs. The stage runs in this process on a local Spark session;
-tests/test_preprocess_e2e.py runs it through spark-submit."""
+tests/e2e/test_preprocess.py runs it through spark-submit."""
 
 from __future__ import annotations
 
@@ -94,7 +94,9 @@ def test_corpus_shorter_than_one_window(spark, tmp_path, capsys):
     run, code = run_tokenize(small_config(tmp_path, tmp_path / "short.txt"))
     assert code == 2
     line = error_line(capsys)
-    assert line.startswith(f"ERROR [tokenize] corpus file {(tmp_path / 'short.txt').as_uri()} is shorter than one window")
+    assert line.startswith(
+        f"ERROR [tokenize] corpus file {(tmp_path / 'short.txt').as_uri()} is shorter than one window"
+    )
     assert "data.block_size + 1 = 33" in line
     assert not lake.exists(lake.stats_uri(run, "tokenize"))
 
@@ -102,9 +104,20 @@ def test_corpus_shorter_than_one_window(spark, tmp_path, capsys):
 @pytest.mark.parametrize(
     "content, problem",
     [
-        (b"plain text\n" * 20 + b"\xff\xfe broken\n", "is not UTF-8 text (byte 0xff at offset 220); convert it first, from its encoding (iconv -f WINDOWS-1252 -t UTF-8 for most Western European text)"),
-        (b"\x89PNG\r\n\x1a\n" + bytes(range(256)), "is not UTF-8 text (byte 0x89 at offset 0); convert it first, from its encoding (iconv -f WINDOWS-1252 -t UTF-8 for most Western European text)"),
-        ("To be, or not to be\n".encode("utf-16"), "is UTF-16 text, not UTF-8 (convert it first: iconv -f UTF-16 -t UTF-8)"),
+        (
+            b"plain text\n" * 20 + b"\xff\xfe broken\n",
+            "is not UTF-8 text (byte 0xff at offset 220); convert it first, from its encoding (iconv -f "
+            "WINDOWS-1252 -t UTF-8 for most Western European text)",
+        ),
+        (
+            b"\x89PNG\r\n\x1a\n" + bytes(range(256)),
+            "is not UTF-8 text (byte 0x89 at offset 0); convert it first, from its encoding (iconv -f "
+            "WINDOWS-1252 -t UTF-8 for most Western European text)",
+        ),
+        (
+            "To be, or not to be\n".encode("utf-16"),
+            "is UTF-16 text, not UTF-8 (convert it first: iconv -f UTF-16 -t UTF-8)",
+        ),
         (b"almost text\x00with a NUL\n", "looks binary (NUL byte at offset 11)"),
     ],
 )
@@ -112,10 +125,15 @@ def test_bad_file_fails_by_default(spark, tmp_path, capsys, shakespeare_slice, c
     (shakespeare_slice.parent / "bad.dat").write_bytes(content)
     run, code = run_tokenize(small_config(tmp_path, shakespeare_slice.parent))
     assert code == 2
-    message = f"corpus file {(shakespeare_slice.parent / 'bad.dat').as_uri()} {problem}; set data.bad_files=skip to leave such files out"
+    bad_file = (shakespeare_slice.parent / "bad.dat").as_uri()
+    message = f"corpus file {bad_file} {problem}; set data.bad_files=skip to leave such files out"
     assert error_line(capsys) == f"ERROR [tokenize] {message}"
     # The error also stays in the run folder, for a DAG task watching the stage from elsewhere.
-    assert lake.read_json(lake.join(run, lake.error_path("tokenize"))) == {"stage": "tokenize", "error": message, "bad_input": True}
+    assert lake.read_json(lake.join(run, lake.error_path("tokenize"))) == {
+        "stage": "tokenize",
+        "error": message,
+        "bad_input": True,
+    }
 
 
 def test_a_stage_that_crashes_leaves_its_error_and_a_later_success_removes_it(spark, tmp_path, shakespeare_slice):
@@ -148,9 +166,15 @@ def test_bad_file_is_skipped_with_a_warning(spark, tmp_path, capsys, shakespeare
     run, code = run_tokenize(small_config(tmp_path, shakespeare_slice.parent, ["data.bad_files=skip"]))
     assert code == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("WARNING")]
-    assert f"WARNING [tokenize] skipping corpus file {bad.as_uri()}: it looks binary (NUL byte at offset 0) (data.bad_files=skip)" in warnings
+    assert (
+        f"WARNING [tokenize] skipping corpus file {bad.as_uri()}: it looks binary (NUL byte at offset 0) "
+        "(data.bad_files=skip)" in warnings
+    )
     stats = lake.read_json(lake.stats_uri(run, "tokenize"))
-    assert [item["path"] for item in stats["skipped"]] == [bad.as_uri(), (shakespeare_slice.parent / "empty.txt").as_uri()]
+    assert [item["path"] for item in stats["skipped"]] == [
+        bad.as_uri(),
+        (shakespeare_slice.parent / "empty.txt").as_uri(),
+    ]
     assert stats["files"] == 3 and stats["splits"]["train"]["documents"] == 1
     text = shakespeare_slice.read_text(encoding="utf-8")
     assert stats["splits"]["train"]["chars"] + stats["splits"]["val"]["chars"] == len(text)
@@ -158,11 +182,14 @@ def test_bad_file_is_skipped_with_a_warning(spark, tmp_path, capsys, shakespeare
 
 @pytest.mark.parametrize(
     "setting, message",
-    [("data.shards=1000", r"the val split has \d+ windows, fewer than its 1000 shards, so some of the 2 workers"),
-     ("train.batch_size=20000", r"the train split has \d+ windows, fewer than train.batch_size 20000")],
-)  # fmt: skip
-def test_too_few_windows_for_the_shards_or_a_batch_stop_the_window_stage(spark, tmp_path, capsys, shakespeare_slice,
-                                                                        setting, message):
+    [
+        ("data.shards=1000", r"the val split has \d+ windows, fewer than its 1000 shards, so some of the 2 workers"),
+        ("train.batch_size=20000", r"the train split has \d+ windows, fewer than train.batch_size 20000"),
+    ],
+)
+def test_too_few_windows_for_the_shards_or_a_batch_stop_the_window_stage(
+    spark, tmp_path, capsys, shakespeare_slice, setting, message
+):
     """Before anything is written, not at train after the embeddings and the export."""
     run, code = run_tokenize(small_config(tmp_path, shakespeare_slice, [setting]))
     assert code == 0
@@ -182,7 +209,8 @@ def test_a_word2vec_min_count_no_token_reaches_is_named(spark, tmp_path, capsys,
     assert stop.value.code == 2, "bad input: no retry"
     assert re.fullmatch(
         r"ERROR \[positional_embed\] embedding.word2vec.min_count \(100000\): no token occurs that often in the "
-        r"[\d,]+ training windows Word2Vec reads \(at most embedding.word2vec.max_sentences, 2,000\); lower min_count or "
+        r"[\d,]+ training windows Word2Vec reads \(at most embedding.word2vec.max_sentences, 2,000\); lower "
+        r"min_count or "
         r"raise max_sentences",
         error_line(capsys),
     )
@@ -208,9 +236,13 @@ def test_windows_line_ends_and_a_byte_order_mark_are_read_as_plain_text(spark, t
     assert stats["windows"]["pieces"] > 1  # cut after \\r\\n line ends
     tokenizer = {name: lake.read_text(lake.join(run, "tokenizer", "tokenizer.json")) for name, run in runs.items()}
     assert tokenizer["windows"] == tokenizer["unix"]
-    rows = sorted(pq.read_table(lake.local_path(lake.join(runs["windows"], "tokens"))).to_pylist(), key=lambda row: row["piece"])
-    decoded = {split: bpe.from_json(tokenizer["unix"]).decode([i for row in rows if row["split"] == split for i in row["ids"]])
-               for split in ("train", "val")}  # fmt: skip
+    rows = sorted(
+        pq.read_table(lake.local_path(lake.join(runs["windows"], "tokens"))).to_pylist(), key=lambda row: row["piece"]
+    )
+    decoded = {
+        split: bpe.from_json(tokenizer["unix"]).decode([i for row in rows if row["split"] == split for i in row["ids"]])
+        for split in ("train", "val")
+    }
     assert decoded["train"] + decoded["val"] == text and len(decoded["val"]) == chars["unix"]["val"]
 
 
@@ -278,7 +310,9 @@ def test_re_running_a_stage_clears_the_stages_that_read_it(spark, tmp_path, caps
 
 def test_packed_documents_use_files_shorter_than_a_window(spark, tmp_path, capsys, shakespeare):
     # Lines of 10 to 32 characters, one per file: fewer tokens than a window of 33, whatever the merges.
-    lines = [line for line in shakespeare.read_text(encoding="utf-8").splitlines(keepends=True) if 10 <= len(line) <= 32]
+    lines = [
+        line for line in shakespeare.read_text(encoding="utf-8").splitlines(keepends=True) if 10 <= len(line) <= 32
+    ]
     folder = tmp_path / "short"
     folder.mkdir()
     for i, line in enumerate(lines[:200]):
@@ -293,7 +327,9 @@ def test_packed_documents_use_files_shorter_than_a_window(spark, tmp_path, capsy
     config = lake.read_json(lake.join(run, lake.CONFIG_FILE))
     block_size, stride = config["data"]["block_size"], config["data"]["stride"]
     separator = bpe.separator_id(bpe.from_json(lake.read_text(lake.join(run, "tokenizer", "tokenizer.json"))))
-    tokens = sorted(pq.read_table(lake.local_path(lake.join(run, "tokens"))).to_pylist(), key=lambda r: (r["doc_id"], r["piece"]))
+    tokens = sorted(
+        pq.read_table(lake.local_path(lake.join(run, "tokens"))).to_pylist(), key=lambda r: (r["doc_id"], r["piece"])
+    )
     windows = pq.read_table(lake.local_path(lake.join(run, "windows"))).to_pylist()
     for split in ("train", "val"):
         mine = [row for row in tokens if row["split"] == split]
@@ -321,13 +357,18 @@ def test_paths_with_spaces_hashes_and_accents_work_in_the_preprocessing_stages(s
 
     run, code = run_tokenize(config)
     assert code == 0
-    for stage, body in (("window", window.body), ("positional_embed", positional_embed.body),
-                        ("export", export_tfrecord.body)):  # fmt: skip
+    for stage, body in (
+        ("window", window.body),
+        ("positional_embed", positional_embed.body),
+        ("export", export_tfrecord.body),
+    ):
         run_stage(stage, body, ["--run-dir", run])
         assert lake.exists(lake.stats_uri(run, stage)), stage
     assert os.path.isdir(tmp_path / "lake été #2" / "runs" / "run" / "tfrecords")
     rows = pq.read_table(lake.local_path(lake.join(run, "tokens"))).to_pylist()
     assert {row["path"] for row in rows} == {f"file://{folder}/Les Misérables #1.txt"}
     tokenizer = bpe.from_json(lake.read_text(lake.join(run, "tokenizer", "tokenizer.json")))
-    decoded = "".join(tokenizer.decode(row["ids"]) for row in sorted(rows, key=lambda row: (row["piece"], row["split"] == "val")))
+    decoded = "".join(
+        tokenizer.decode(row["ids"]) for row in sorted(rows, key=lambda row: (row["piece"], row["split"] == "val"))
+    )
     assert decoded == text

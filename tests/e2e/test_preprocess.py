@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from include import local_runner
 from include.spark_submit import PREPROCESSING_STAGES, package_code
+from local_platform import stage_runner
 from spark_jobs.lib import corpus, lake, storage
 from spark_jobs.lib.embeddings import sinusoidal
 from tests.conftest import new_run, small_config
@@ -46,7 +46,7 @@ def preprocessed(tmp_path_factory, shakespeare, code_dir):
     config = small_config(tmp, folder / "*.txt")
     run = new_run(config, "e2e")
     for stage in PREPROCESSING_STAGES:
-        local_runner.submit_stage(stage, config, run, code_dir)
+        stage_runner.submit_stage(stage, config, run, code_dir)
     return config, run, {(folder / name).as_uri(): part for name, part in texts.items()}
 
 
@@ -59,8 +59,13 @@ def test_outputs_exist_and_stages_completed(preprocessed):
     root = Path(lake.local_path(run))
     for stage in PREPROCESSING_STAGES:
         assert (root / "stats" / f"{stage}.json").is_file()
-    for name in ["tokenizer/tokenizer.json", "embeddings/token_vectors.npy", "embeddings/positions.npy",
-                 "embeddings/meta.json", "tfrecords/manifest.json"]:
+    for name in [
+        "tokenizer/tokenizer.json",
+        "embeddings/token_vectors.npy",
+        "embeddings/positions.npy",
+        "embeddings/meta.json",
+        "tfrecords/manifest.json",
+    ]:
         assert (root / name).is_file(), name
     for split in ("train", "val"):
         shards = sorted(p.name for p in (root / "tfrecords" / split).iterdir())
@@ -82,7 +87,9 @@ def test_tokens_decode_to_the_text_and_ids_fit_the_vocabulary(preprocessed):
     for path, text in texts.items():
         parts = {}
         for split in ("train", "val"):
-            mine = sorted((row for row in rows if row["path"] == path and row["split"] == split), key=lambda r: r["piece"])
+            mine = sorted(
+                (row for row in rows if row["path"] == path and row["split"] == split), key=lambda r: r["piece"]
+            )
             parts[split] = tokenizer.decode([i for row in mine for i in row["ids"]], skip_special_tokens=False)
         assert parts["train"] + parts["val"] == text
         assert len(parts["train"]) == corpus.split_boundary(len(text), config.data.val_fraction)
@@ -171,21 +178,24 @@ def test_the_disk_check_estimates_less_than_the_run_took_but_not_far_less(prepro
         assert taken / 10 < estimate < taken, (folder, estimate, taken)
 
 
-def test_a_copied_run_folder_reads_its_own_outputs_even_under_a_path_spark_would_glob(preprocessed, tmp_path, code_dir, capfd):
+def test_a_copied_run_folder_reads_its_own_outputs_even_under_a_path_spark_would_glob(
+    preprocessed, tmp_path, code_dir, capfd
+):
     config, run, _ = preprocessed
     copy = tmp_path / "lake [v2]{old,new}" / "runs" / "e2e-copy"
     shutil.copytree(lake.local_path(run), copy)
     copied = "file://" + str(copy)
     for stage in PREPROCESSING_STAGES[1:]:
-        local_runner.submit_stage(stage, config, copied, code_dir)
+        stage_runner.submit_stage(stage, config, copied, code_dir)
         assert lake.read_json(lake.stats_uri(copied, stage))["outputs"]
-    assert json.loads((copy / "tfrecords" / "manifest.json").read_text())["splits"] == json.loads(
-        Path(lake.local_path(lake.join(run, "tfrecords", "manifest.json"))).read_text()
-    )["splits"]
+    assert (
+        json.loads((copy / "tfrecords" / "manifest.json").read_text())["splits"]
+        == json.loads(Path(lake.local_path(lake.join(run, "tfrecords", "manifest.json"))).read_text())["splits"]
+    )
     # Its tokens gone, the copy does not read the original's: window names what to run again.
     shutil.rmtree(copy / "tokens")
-    with pytest.raises(local_runner.StageFailed):
-        local_runner.submit_stage("window", config, copied, code_dir)
+    with pytest.raises(stage_runner.StageFailed):
+        stage_runner.submit_stage("window", config, copied, code_dir)
     captured = capfd.readouterr()
     assert "stage 'tokenize' is marked complete in run folder" in captured.out + captured.err
     assert "its tokens/ holds no Parquet part file: run tokenize again" in captured.out + captured.err
@@ -197,13 +207,14 @@ def test_a_bad_file_fails_the_application_with_exit_code_2(tmp_path, code_dir, c
     (folder / "latin1.txt").write_bytes("Grüße aus Köln\n".encode("latin-1") * 50)
     config = small_config(tmp_path, folder)
     run = new_run(config, "bad")
-    with pytest.raises(local_runner.StageFailed, match="exit code 2"):
-        local_runner.submit_stage("tokenize", config, run, code_dir)
+    with pytest.raises(stage_runner.StageFailed, match="exit code 2"):
+        stage_runner.submit_stage("tokenize", config, run, code_dir)
     captured = capfd.readouterr()  # spark-submit merges the driver's stderr into its stdout
     errors = [line for line in (captured.out + captured.err).splitlines() if line.startswith("ERROR [tokenize]")]
     assert errors == [
         f"ERROR [tokenize] corpus file {(folder / 'latin1.txt').as_uri()} is not UTF-8 text "
-        "(byte 0xfc at offset 2); convert it first, from its encoding (iconv -f WINDOWS-1252 -t UTF-8 for most Western European text); set data.bad_files=skip to leave such files out"
+        "(byte 0xfc at offset 2); convert it first, from its encoding (iconv -f WINDOWS-1252 -t UTF-8 for "
+        "most Western European text); set data.bad_files=skip to leave such files out"
     ]
     assert not lake.exists(lake.stats_uri(run, "tokenize"))
     assert lake.read_json(lake.join(run, lake.error_path("tokenize")))["bad_input"] is True

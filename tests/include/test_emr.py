@@ -16,7 +16,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from include import emr, emr_tasks
-from include.local_runner import local_argv
+from include.local_spark import local_argv
 from include.spark_submit import STAGE_FILES, STAGES
 from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, load_config
@@ -31,7 +31,10 @@ def emr_config(*overrides: str):
 
 def test_cluster_request_follows_config():
     config = emr_config(
-        "emr.core_instance_type=m5.4xlarge", "emr.core_instance_count=3", "emr.core_spot=true", "emr.idle_timeout_minutes=45"
+        "emr.core_instance_type=m5.4xlarge",
+        "emr.core_instance_count=3",
+        "emr.core_spot=true",
+        "emr.idle_timeout_minutes=45",
     )
     request = emr.job_flow_overrides(config, RUN_ID)
 
@@ -39,10 +42,16 @@ def test_cluster_request_follows_config():
     assert [app["Name"] for app in request["Applications"]] == ["Spark"]
     master, core = request["Instances"]["InstanceGroups"]
     assert (master["InstanceRole"], master["InstanceType"], master["InstanceCount"], master["Market"]) == (
-        "MASTER", "m5.xlarge", 1, "ON_DEMAND"
+        "MASTER",
+        "m5.xlarge",
+        1,
+        "ON_DEMAND",
     )
     assert (core["InstanceRole"], core["InstanceType"], core["InstanceCount"], core["Market"]) == (
-        "CORE", "m5.4xlarge", 3, "SPOT"
+        "CORE",
+        "m5.4xlarge",
+        3,
+        "SPOT",
     )
     assert request["AutoTerminationPolicy"] == {"IdleTimeout": 45 * 60}
     assert request["LogUri"] == config.emr.log_uri
@@ -87,14 +96,19 @@ def test_optional_network_and_disk_settings_are_left_out_until_set():
     assert "None" not in repr(request)
 
     request = emr.job_flow_overrides(
-        emr_config("emr.subnet_id=subnet-0123456789abcdef0", "emr.key_name=ml-team", "emr.core_ebs_gb=200",
-                   "emr.security_configuration=encrypted-at-rest"),
+        emr_config(
+            "emr.subnet_id=subnet-0123456789abcdef0",
+            "emr.key_name=ml-team",
+            "emr.core_ebs_gb=200",
+            "emr.security_configuration=encrypted-at-rest",
+        ),
         RUN_ID,
     )
     assert request["SecurityConfiguration"] == "encrypted-at-rest"
     valid_run_job_flow(request)
     assert (request["Instances"]["Ec2SubnetId"], request["Instances"]["Ec2KeyName"]) == (
-        "subnet-0123456789abcdef0", "ml-team"
+        "subnet-0123456789abcdef0",
+        "ml-team",
     )
     master, core = request["Instances"]["InstanceGroups"]
     assert core["EbsConfiguration"]["EbsBlockDeviceConfigs"] == [
@@ -136,7 +150,11 @@ def test_steps_run_each_stage_with_spark_submit_on_yarn():
         assert args[:3] == ["timeout", "--kill-after=60", str(limit)] and emr.step_time_limit(step) == limit
         args = args[3:]
         assert args[:5] == ["spark-submit", "--master", "yarn", "--deploy-mode", "client"]
-        assert args[-3:] == [f"{emr.code_uri(config, RUN_ID)}/spark_jobs/{STAGE_FILES[stage]}", "--run-dir", lake.run_dir(config, RUN_ID)]
+        assert args[-3:] == [
+            f"{emr.code_uri(config, RUN_ID)}/spark_jobs/{STAGE_FILES[stage]}",
+            "--run-dir",
+            lake.run_dir(config, RUN_ID),
+        ]
         # Every core node's vCPUs (2 m5.2xlarge: 8 each), not the executors that happen to be up when a stage plans.
         if stage != "train":  # train: one task per worker node
             assert args[args.index("spark.default.parallelism=16") - 1] == "--conf"
@@ -177,8 +195,13 @@ def test_local_and_emr_run_the_same_applications_with_the_same_arguments(tmp_pat
 
 
 def test_train_gets_one_whole_core_node_per_worker():
-    config = emr_config("emr.core_instance_type=m5.4xlarge", "emr.core_instance_count=3", "train.num_workers=3",
-                        "data.shards=6", "train.batch_size=30")
+    config = emr_config(
+        "emr.core_instance_type=m5.4xlarge",
+        "emr.core_instance_count=3",
+        "train.num_workers=3",
+        "data.shards=6",
+        "train.batch_size=30",
+    )
     node = emr.instance_type(config, "core_instance_type")
     resources = emr.train_resources(config)
     assert resources["spark.executor.instances"] == "3"
@@ -190,10 +213,16 @@ def test_train_gets_one_whole_core_node_per_worker():
     assert node["yarn_memory_mb"] * 0.8 <= container_mb <= node["yarn_memory_mb"] - 1024
     # The TensorFlow worker learns its memory, the executor's overhead, from the executor's environment.
     budget = resources[f"spark.executorEnv.{memory.WORKER_BUDGET_ENV}"]
-    assert budget == resources["spark.executor.memoryOverhead"].removesuffix("m") == str(emr.train_executor_memory_mb(config)[1])
+    assert (
+        budget
+        == resources["spark.executor.memoryOverhead"].removesuffix("m")
+        == str(emr.train_executor_memory_mb(config)[1])
+    )
     args = emr.stage_step("train", config, RUN_ID)["HadoopJarStep"]["Args"]
     assert "spark.dynamicAllocation.enabled=false" in args and "spark.task.cpus=16" in args
-    assert not any(arg.startswith("spark.task.cpus") for arg in emr.stage_step("export", config, RUN_ID)["HadoopJarStep"]["Args"])
+    assert not any(
+        arg.startswith("spark.task.cpus") for arg in emr.stage_step("export", config, RUN_ID)["HadoopJarStep"]["Args"]
+    )
 
 
 def test_train_sensor_limit_follows_the_training_budget():
@@ -279,7 +308,9 @@ def test_everything_the_jobs_import_is_installed_by_the_bootstrap():
     for module in imports:
         distributions = {canonicalize_name(name) for name in providers.get(module, [])}
         assert distributions, f"spark_jobs imports {module}, which no installed distribution provides"
-        assert distributions & installed, f"spark_jobs imports {module} ({distributions}): add it to spark_jobs/requirements.txt"
+        assert distributions & installed, (
+            f"spark_jobs imports {module} ({distributions}): add it to spark_jobs/requirements.txt"
+        )
 
 
 def test_bootstrap_script_reads_the_files_uploaded_with_the_code():
@@ -288,13 +319,15 @@ def test_bootstrap_script_reads_the_files_uploaded_with_the_code():
     text = script.read_text()
     for name in ("requirements-jobs.txt", "constraints.txt"):
         assert f'"$code_uri/{name}"' in text and name in emr.RUN_FILES
-    assert "-r \"$work/requirements-jobs.txt\" -c \"$work/constraints.txt\"" in text
+    assert '-r "$work/requirements-jobs.txt" -c "$work/constraints.txt"' in text
 
 
 def test_longest_cluster_life_grows_with_the_training_budget():
     short, long = emr_config("train.max_steps=200"), emr_config("train.max_steps=20000")
     tries = 1 + emr.STEP_RETRIES  # a step that fails just before its limit runs once more
-    extra_hours = tries * (emr.sensor_limits("train", long)["timeout"] - emr.sensor_limits("train", short)["timeout"]) / 3600
+    extra_hours = (
+        tries * (emr.sensor_limits("train", long)["timeout"] - emr.sensor_limits("train", short)["timeout"]) / 3600
+    )
     assert emr.max_cluster_hours(long) == pytest.approx(emr.max_cluster_hours(short) + extra_hours, abs=0.01)
     assert emr.max_cluster_hours(short) > tries * len(STAGES) * short.emr.step_timeout_minutes / 60
 
@@ -303,7 +336,9 @@ def test_a_run_that_could_cost_more_than_the_budget_stops_before_its_cluster_exi
     most = emr.hourly_cost_usd(emr_config()) * emr.max_cluster_hours(emr_config())
     emr.check_budget(emr_config(f"emr.max_cost_usd={most + 0.01}"))  # within the budget
     emr.check_budget(emr_config())  # no budget set
-    with pytest.raises(ConfigError, match=rf"emr.max_cost_usd: the cluster may cost up to about \${most:,.2f} .*more than the \$10.00"):
+    with pytest.raises(
+        ConfigError, match=rf"emr.max_cost_usd: the cluster may cost up to about \${most:,.2f} .*more than the \$10.00"
+    ):
         emr_tasks.prepare(emr_config("emr.max_cost_usd=10"), RUN_ID, emr_config())  # before it uploads anything
     # A run's shorter time limits do not shorten the DAG's sensors, which were set when it was parsed.
     shorter = emr_config("emr.step_timeout_minutes=10", "train.max_steps=100", f"emr.max_cost_usd={most - 1}")
@@ -321,9 +356,21 @@ def test_pip_resolves_the_jobs_requirements_within_the_pinned_environment():
     """The bootstrap's pip command, offline against this environment: it must resolve (no pin
     conflicts with the constraints) and need nothing this tested environment lacks."""
     completed = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--disable-pip-version-check",
-         "-r", str(emr.RUN_FILES["requirements-jobs.txt"]), "-c", str(emr.RUN_FILES["constraints.txt"])],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-index",
+            "--disable-pip-version-check",
+            "-r",
+            str(emr.RUN_FILES["requirements-jobs.txt"]),
+            "-c",
+            str(emr.RUN_FILES["constraints.txt"]),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert completed.returncode == 0, completed.stderr
     assert "Would install" not in completed.stdout, completed.stdout
@@ -334,7 +381,9 @@ class FakeEmr:
     in pages) and the steps added."""
 
     def __init__(self, steps: list[tuple[str, str]]):
-        self.steps = [{"Id": f"s-{index}", "Name": name, "Status": {"State": state}} for index, (name, state) in enumerate(steps)]
+        self.steps = [
+            {"Id": f"s-{index}", "Name": name, "Status": {"State": state}} for index, (name, state) in enumerate(steps)
+        ]
         self.added: list[str] = []
         self.conn = self
 
@@ -373,12 +422,22 @@ class FakeRunFolder:
         ([("window", "RUNNING")], 2, "s-0", None),  # the try's task failed, not its step: wait on it
         ([("window", "COMPLETED")], 2, "s-0", None),
         ([("window", "FAILED"), ("window (try 2)", "FAILED")], 3, "s-new-1", "window (try 3)"),
-        ([("tokenize", "COMPLETED"), ("window", "RUNNING"), ("export", "FAILED")], 2, "s-1", None),  # other stages' steps do not count
+        (
+            [("tokenize", "COMPLETED"), ("window", "RUNNING"), ("export", "FAILED")],
+            2,
+            "s-1",
+            None,
+        ),  # other stages' steps do not count
     ],
-)  # fmt: skip
+)
 def test_a_stage_task_adds_a_step_only_when_its_try_has_none_to_wait_on(steps, try_number, waits_on, adds):
-    sensor = emr_tasks.EmrStageSensor(task_id="window", stage="window", step={"Name": "window", "HadoopJarStep": {}},
-                                      run_dir="s3://lake/runs/r", job_flow_id="j-1")  # fmt: skip
+    sensor = emr_tasks.EmrStageSensor(
+        task_id="window",
+        stage="window",
+        step={"Name": "window", "HadoopJarStep": {}},
+        run_dir="s3://lake/runs/r",
+        job_flow_id="j-1",
+    )
     sensor.__dict__["hook"] = cluster = FakeEmr(steps)  # in place of the cached EmrHook
     run = FakeRunFolder()
     sensor.run_folder = lambda: run
@@ -388,8 +447,14 @@ def test_a_stage_task_adds_a_step_only_when_its_try_has_none_to_wait_on(steps, t
 
 
 def test_training_progress_reads_as_a_line_of_the_task_log():
-    progress = {"step": 40, "max_steps": 300, "loss": 4.5, "tokens_per_s": 25474, "seconds_left": 20,
-                "updated_at": "2026-11-22T10:00:00Z"}  # fmt: skip
+    progress = {
+        "step": 40,
+        "max_steps": 300,
+        "loss": 4.5,
+        "tokens_per_s": 25474,
+        "seconds_left": 20,
+        "updated_at": "2026-11-22T10:00:00Z",
+    }
     assert emr_tasks.describe_progress(progress) == (
         "step 40 of 300 (13%), loss 4.5000, 25,474 tokens/s, under a minute left (at 2026-11-22T10:00:00Z)"
     )

@@ -48,7 +48,7 @@ def test_round_trip_through_tf_data(tmp_path, vocab, block_size, n):
     path.write_bytes(tfrecord.windows_to_tfrecord_bytes(windows))
     records = read_with_tf_data(path, block_size)
     assert len(records) == n
-    for (inputs, targets), window in zip(records, windows):
+    for (inputs, targets), window in zip(records, windows, strict=True):
         np.testing.assert_array_equal(inputs, window[:-1])
         np.testing.assert_array_equal(targets, window[1:])
 
@@ -56,7 +56,7 @@ def test_round_trip_through_tf_data(tmp_path, vocab, block_size, n):
 def test_examples_and_framing_match_tensorflow(tmp_path):
     windows = np.random.default_rng(1).integers(0, 40_000, size=(20, 65))
     ours = list(tfrecord.iter_records(tfrecord.windows_to_tfrecord_bytes(windows)))
-    for record, window in zip(ours, windows):
+    for record, window in zip(ours, windows, strict=True):
         assert tf.train.Example.FromString(record) == tf_example(window)  # same message
     # Framing and checksums: TensorFlow's writer given our records writes our file, byte for byte.
     path = tmp_path / "tf.tfrecord"

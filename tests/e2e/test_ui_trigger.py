@@ -38,7 +38,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from include.collect import REPORT_JSON, REPORT_TEXT
 from include.spark_submit import STAGES
-from include.local_s3 import REGION
+from local_platform.moto_s3 import REGION
 from spark_jobs.lib.config import REPO_ROOT, load_config
 
 DAG_ID = "gpt_pipeline"
@@ -49,10 +49,16 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 # Without the background-networking flags Chromium's own connections are refused on a closed network.
 CHROMIUM_FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
     "--window-size=1600,1000",
-)  # fmt: skip
+)
 UI_LINE = re.compile(r"Airflow UI: (?P<api>http://\S+) \(DAG \w+\); S3 \(moto\): (?P<s3>http://\S+);")
 STARTUP_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 900
@@ -114,7 +120,9 @@ class AirflowUI:
         """Until the command has printed its URLs and the API server lists the DAG."""
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
-            assert self.process.poll() is None, f"`make airflow` exited with {self.process.returncode}:\n{self.log_tail()}"
+            assert self.process.poll() is None, (
+                f"`make airflow` exited with {self.process.returncode}:\n{self.log_tail()}"
+            )
             if not self.api and (match := UI_LINE.search(self.log_path.read_text(errors="replace"))):
                 self.api, self.s3_endpoint = match.group("api"), match.group("s3")
             if self.api and self._dag_listed():
@@ -235,7 +243,7 @@ def set_param(driver: WebDriver, form: WebElement, name: str, value) -> None:
     for end in range(TYPING_BURST, len(text) + TYPING_BURST, TYPING_BURST):
         field.send_keys(text[end - TYPING_BURST : end])
         WebDriverWait(driver, 10).until(
-            lambda _: field.get_attribute("value") == text[:end],
+            lambda _, typed=text[:end]: field.get_attribute("value") == typed,
             f"the form's {name} field does not show what was typed: {text[:end]!r}",
         )
 
@@ -248,7 +256,9 @@ def wait_for_run(ui: AirflowUI) -> dict:
             runs = ui.get(f"/api/v2/dags/{DAG_ID}/dagRuns")["dag_runs"]
         except TimeoutError:  # the API server can be slow to answer on a busy machine: ask again
             continue
-        assert len(runs) <= 1, f"expected only the run triggered from the form, got {[run['dag_run_id'] for run in runs]}"
+        assert len(runs) <= 1, (
+            f"expected only the run triggered from the form, got {[run['dag_run_id'] for run in runs]}"
+        )
         if runs and runs[0]["state"] in ("success", "failed"):
             return runs[0]
         time.sleep(5)
@@ -259,7 +269,9 @@ def task_states(ui: AirflowUI) -> dict:
     runs = ui.get(f"/api/v2/dags/{DAG_ID}/dagRuns")["dag_runs"]
     if not runs:
         return {}
-    instances = ui.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(runs[0]['dag_run_id'], safe='')}/taskInstances")["task_instances"]
+    instances = ui.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(runs[0]['dag_run_id'], safe='')}/taskInstances")[
+        "task_instances"
+    ]
     return {instance["task_id"]: instance["state"] for instance in instances}
 
 
@@ -311,7 +323,9 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
     run = wait_for_run(airflow_ui)
     assert run["run_type"] == "manual" and run["triggered_by"] == "ui", run
     assert run["conf"]["max_steps"] == MAX_STEPS and run["conf"]["corpus"] == str(shakespeare_slice), run["conf"]
-    assert run["state"] == "success", f"the run failed; task states: {task_states(airflow_ui)}; see {airflow_ui.log_path}"
+    assert run["state"] == "success", (
+        f"the run failed; task states: {task_states(airflow_ui)}; see {airflow_ui.log_path}"
+    )
     run_id = run["dag_run_id"]
     run_path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}"
 
@@ -321,7 +335,9 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
     bucket, prefix = config.s3.bucket, f"{config.s3.prefix}/{Path(report['run_folder']).name}/"
     assert report["s3_uri"] == f"s3://{bucket}/{prefix}"
     assert report["run_folder"].startswith(lake_dir.as_uri()), "the run folder is not in the lake set in the form"
-    assert Path(report["run_folder"]).name.startswith(f"{shakespeare_slice.stem}-"), "run_name left empty: the corpus names the run"
+    assert Path(report["run_folder"]).name.startswith(f"{shakespeare_slice.stem}-"), (
+        "run_name left empty: the corpus names the run"
+    )
     s3 = boto3.client(
         "s3",
         endpoint_url=airflow_ui.s3_endpoint,
