@@ -43,14 +43,19 @@ def shakespeare() -> Path:
     return SHARED_CORPUS
 
 
+def write_slice(folder: Path, corpus: Path, chars: int = 60_000) -> Path:
+    """folder/corpus/slice.txt: the first `chars` characters of `corpus`, cut at a line end."""
+    text = corpus.read_text(encoding="utf-8")[:chars]
+    path = folder / "corpus" / "slice.txt"
+    path.parent.mkdir(parents=True)
+    path.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
+    return path
+
+
 @pytest.fixture
 def shakespeare_slice(tmp_path, shakespeare) -> Path:
     """The first ~60 kB of tinyshakespeare, cut at a line end."""
-    text = shakespeare.read_text(encoding="utf-8")[:60_000]
-    path = tmp_path / "corpus" / "slice.txt"
-    path.parent.mkdir()
-    path.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
-    return path
+    return write_slice(tmp_path, shakespeare)
 
 
 def small_config(tmp_path: Path, corpus: Path | str, overrides: list | None = None) -> PipelineConfig:

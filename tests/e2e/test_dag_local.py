@@ -11,6 +11,7 @@ import re
 import signal
 import sqlite3
 import subprocess
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from local_platform.airflow_runner import AIRFLOW, DAG_ID, prepare
 from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib import lake
 from spark_jobs.lib.config import REPO_ROOT, load_config
+from tests.conftest import write_slice
 
 BUCKET = load_config().s3.bucket
 SMALL_RUN = [
@@ -145,83 +147,136 @@ def test_a_bad_corpus_fails_tokenize_without_a_retry(local_airflow, tmp_path):
     assert tries == 1, "bad input is not retried"
 
 
-@pytest.mark.slow
-def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airflow, shakespeare_slice, tmp_path):
+@pytest.fixture(scope="module")
+def collected_run(local_airflow, tmp_path_factory, shakespeare):
+    """One whole DAG run on a slice of tinyshakespeare, with an older collected run of the same
+    name in the lake (keep_runs=1 leaves only the new one): what the tests below check."""
     env, s3, home = local_airflow
-    # An older run of the same name that collect finished: keep_runs=1 leaves only the new one.
+    tmp_path = tmp_path_factory.mktemp("collected-run")
+    corpus = write_slice(tmp_path, shakespeare)
     older = tmp_path / "lake" / "runs" / "e2e-older"
     (older / "model").mkdir(parents=True)
     (older / "report.json").write_text(json.dumps({"run": "e2e-older"}))
-    (older / "config.json").write_text(json.dumps({"run_name": "e2e", "corpus": [f"file://{shakespeare_slice}"]}))
+    (older / "config.json").write_text(json.dumps({"run_name": "e2e", "corpus": [f"file://{corpus}"]}))
     overrides = [f"lake={tmp_path / 'lake'}", "keep_runs=1", *SMALL_RUN]
-    conf = {"corpus": str(shakespeare_slice), "run_name": "e2e", "overrides": overrides}
-    code, output = dags_test(env, conf)
-    assert code == 0, output[-5000:]
-    # validate_config's log names what the form changed
-    assert re.search(r"settings from the form: .*run_name = 'e2e'; .*train\.max_steps = 40", output), output[-5000:]
+    code, output = dags_test(env, {"corpus": str(corpus), "run_name": "e2e", "overrides": overrides})
     run_id, state, tasks = last_run_states(home)
-    assert state == "success"
-    assert tasks == {task_id: "success" for task_id in ["validate_config", *STAGES, "collect", "promote", "prune_runs"]}
-
     client = s3.client()
     prefix = f"runs/{lake.safe_run_id(f'e2e-{run_id}')}/"
-    keys = {item["Key"][len(prefix) :] for item in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]}
-    read = lambda name: client.get_object(Bucket=BUCKET, Key=prefix + name)["Body"].read()  # noqa: E731
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+    return SimpleNamespace(
+        code=code,
+        output=output,
+        run_id=run_id,
+        state=state,
+        tasks=tasks,
+        home=home,
+        client=client,
+        corpus=corpus,
+        lake=tmp_path / "lake",
+        prefix=prefix,
+        keys={item["Key"][len(prefix) :] for item in listed},
+        read=lambda name: client.get_object(Bucket=BUCKET, Key=prefix + name)["Body"].read(),
+        tmp_path=tmp_path,
+    )
+
+
+@pytest.mark.slow
+def test_the_dag_run_succeeds_with_every_task(collected_run):
+    assert collected_run.code == 0, collected_run.output[-5000:]
+    assert collected_run.state == "success"
+    expected = ["validate_config", *STAGES, "collect", "promote", "prune_runs"]
+    assert collected_run.tasks == {task_id: "success" for task_id in expected}
+
+
+@pytest.mark.slow
+def test_validate_config_logs_the_settings_the_form_changed(collected_run):
+    pattern = r"settings from the form: .*run_name = 'e2e'; .*train\.max_steps = 40"
+    assert re.search(pattern, collected_run.output), collected_run.output[-5000:]
+
+
+@pytest.mark.slow
+def test_the_record_on_s3_holds_config_stats_model_samples_and_report(collected_run):
     expected = {"config.json", "samples.txt", "report.json", "report.md", "stats/epochs.csv", "stats/train.json"}
-    assert expected | {f"stats/{stage}.json" for stage in STAGES} <= keys
-    assert any(key.startswith("model/") for key in keys)
+    assert expected | {f"stats/{stage}.json" for stage in STAGES} <= collected_run.keys
+    assert any(key.startswith("model/") for key in collected_run.keys)
+    config = json.loads(collected_run.read("config.json"))
+    assert config["train"]["max_steps"] == 40 and config["corpus"] == [f"file://{collected_run.corpus}"]
 
-    config = json.loads(read("config.json"))
-    assert config["train"]["max_steps"] == 40 and config["corpus"] == [f"file://{shakespeare_slice}"]
 
-    rows = list(csv.DictReader(io.StringIO(read("stats/epochs.csv").decode())))
+@pytest.mark.slow
+def test_training_ran_every_step_with_finite_validation_losses(collected_run):
+    rows = list(csv.DictReader(io.StringIO(collected_run.read("stats/epochs.csv").decode())))
     assert [int(row["step"]) for row in rows][-1] == 40
     assert all(np.isfinite(float(row["val_loss"])) for row in rows)
 
-    report = json.loads(read("report.json"))
-    train = json.loads(read("stats/train.json"))
+
+@pytest.mark.slow
+def test_the_report_agrees_with_the_training_stats(collected_run):
+    rows = list(csv.DictReader(io.StringIO(collected_run.read("stats/epochs.csv").decode())))
+    report = json.loads(collected_run.read("report.json"))
+    train = json.loads(collected_run.read("stats/train.json"))
     assert report["final_val_loss"] == train["final_val_loss"] == pytest.approx(float(rows[-1]["val_loss"]), rel=1e-4)
     # A BPE token covers more than one character, so the per-character loss is the smaller.
     assert 0 < report["val_nats_per_char"] < report["final_val_loss"]
-
-    sample = read("samples.txt").decode()
-    assert sample.startswith(config["generate"]["prompt"]) and len(sample) > len(config["generate"]["prompt"])
-    assert report["sample"] == sample
     assert [row["step"] for row in report["evaluations"]] == [int(row["step"]) for row in rows]
+    config = json.loads(collected_run.read("config.json"))
     assert report["splits"]["train"]["windows"] > 0 and report["model"]["n_layer"] == config["model"]["n_layer"]
-    run_folder = lake.run_dir(load_config(overrides=[{"lake": str(tmp_path / "lake")}]), f"e2e-{run_id}")
-    assert lake.read_text(lake.join(run_folder, "report.md")) == read("report.md").decode()
-    assert sorted(path.name for path in (tmp_path / "lake" / "runs").iterdir()) == [run_folder.rsplit("/", 1)[1]]
 
-    # promote pointed the run name's latest pointer at this model and updated the model asset.
-    pointer = json.loads(client.get_object(Bucket=BUCKET, Key="runs/latest/e2e.json")["Body"].read())
-    assert (
-        pointer["model"] == f"s3://{BUCKET}/{prefix}model/"
-        and pointer["val_nats_per_char"] == report["val_nats_per_char"]
-    )
-    with sqlite3.connect(home / "airflow.db") as db:
+
+@pytest.mark.slow
+def test_the_sample_continues_the_prompt_and_is_in_the_report(collected_run):
+    prompt = json.loads(collected_run.read("config.json"))["generate"]["prompt"]
+    sample = collected_run.read("samples.txt").decode()
+    assert sample.startswith(prompt) and len(sample) > len(prompt)
+    assert json.loads(collected_run.read("report.json"))["sample"] == sample
+
+
+@pytest.mark.slow
+def test_the_run_folder_keeps_the_report_and_keep_runs_removed_the_older_run(collected_run):
+    config = load_config(overrides=[{"lake": str(collected_run.lake)}])
+    run_folder = lake.run_dir(config, f"e2e-{collected_run.run_id}")
+    assert lake.read_text(lake.join(run_folder, "report.md")) == collected_run.read("report.md").decode()
+    assert sorted(path.name for path in (collected_run.lake / "runs").iterdir()) == [run_folder.rsplit("/", 1)[1]]
+
+
+@pytest.mark.slow
+def test_promote_points_latest_at_the_model_and_updates_the_model_asset(collected_run):
+    report = json.loads(collected_run.read("report.json"))
+    pointer = json.loads(collected_run.client.get_object(Bucket=BUCKET, Key="runs/latest/e2e.json")["Body"].read())
+    assert pointer["model"] == f"s3://{BUCKET}/{collected_run.prefix}model/"
+    assert pointer["val_nats_per_char"] == report["val_nats_per_char"]
+    with sqlite3.connect(collected_run.home / "airflow.db") as db:
         events = db.execute(
             "SELECT asset.uri, asset_event.extra FROM asset_event JOIN asset ON asset.id = asset_event.asset_id "
             "WHERE asset_event.source_run_id = ?",
-            (run_id,),
+            (collected_run.run_id,),
         ).fetchall()
     assert [(uri, json.loads(extra)["pointer"]["model"]) for uri, extra in events] == [
         (f"s3://{BUCKET}/runs/latest", pointer["model"])
     ]
-    # A stage's XCom, kept in Airflow's database, is its headline figures, not lists that grow with the corpus.
-    with sqlite3.connect(home / "airflow.db") as db:
+
+
+@pytest.mark.slow
+def test_a_stages_xcom_is_its_headline_figures_not_growing_lists(collected_run):
+    with sqlite3.connect(collected_run.home / "airflow.db") as db:
         (window_xcom,) = db.execute(
-            "SELECT value FROM xcom WHERE run_id = ? AND task_id = 'window' AND key = 'return_value'", (run_id,)
+            "SELECT value FROM xcom WHERE run_id = ? AND task_id = 'window' AND key = 'return_value'",
+            (collected_run.run_id,),
         ).fetchone()
     window_xcom = json.loads(window_xcom)
-    assert window_xcom["stage"] == "window" and window_xcom["block_size"] == config["data"]["block_size"]
-    assert "sequences" not in window_xcom and json.loads(read("stats/window.json"))["sequences"]
+    block_size = json.loads(collected_run.read("config.json"))["data"]["block_size"]
+    assert window_xcom["stage"] == "window" and window_xcom["block_size"] == block_size
+    assert "sequences" not in window_xcom and json.loads(collected_run.read("stats/window.json"))["sequences"]
 
-    model_dir = tmp_path / "model-from-s3"
-    for key in keys:
+
+@pytest.mark.slow
+def test_the_collected_model_loads_and_predicts(collected_run):
+    model_dir = collected_run.tmp_path / "model-from-s3"
+    for key in collected_run.keys:
         if key.startswith("model/"):
             (model_dir / key).parent.mkdir(parents=True, exist_ok=True)
-            (model_dir / key).write_bytes(read(key))
+            (model_dir / key).write_bytes(collected_run.read(key))
     from spark_jobs.generate import load_model
 
     model, tokenizer = load_model(f"file://{model_dir / 'model'}")
