@@ -57,16 +57,10 @@ from include.schedule import cron_timetable
 from include.spark_submit import STAGES, packaged_code
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib import stages as stage_graph
-from spark_jobs.lib.config import (
-    DAG_SETTINGS,
-    ConfigError,
-    PipelineConfig,
-    defaults_path,
-    load_config,
-    read_yaml,
-    setting,
-)
+from spark_jobs.lib.config import ConfigError, PipelineConfig
+from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml
 from spark_jobs.lib.errors import name_some
+from spark_jobs.lib.overrides import DAG_SETTINGS, setting
 from spark_jobs.lib.stage import load_run_config
 
 log = logging.getLogger(__name__)

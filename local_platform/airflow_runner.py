@@ -34,18 +34,10 @@ from include.spark_submit import STAGES
 from local_platform import process_tree
 from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib import corpus, lake, memory, storage
-from spark_jobs.lib.config import (
-    DAG_SETTINGS,
-    REPO_ROOT,
-    ConfigError,
-    PipelineConfig,
-    apply_overrides,
-    defaults_path,
-    load_config,
-    read_yaml,
-    setting,
-)
+from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
+from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml
 from spark_jobs.lib.errors import PipelineError, name_some
+from spark_jobs.lib.overrides import DAG_SETTINGS, apply_overrides, setting
 
 DAG_ID = "gpt_pipeline"
 # Tests give the command a home of their own through this variable.

@@ -19,18 +19,10 @@ from include.local_spark import StageFailed, headline, submit_stage
 from include.spark_submit import STAGES, packaged_code
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib import stages as stage_graph
-from spark_jobs.lib.config import (
-    ConfigError,
-    PipelineConfig,
-    add_set_argument,
-    apply_overrides,
-    defaults_path,
-    load_config,
-    read_yaml,
-    to_uri,
-    validate,
-)
+from spark_jobs.lib.config import ConfigError, PipelineConfig, to_uri
+from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml, validate
 from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.overrides import add_set_argument, apply_overrides
 
 
 def describe(stage: str, stats: dict) -> list[str]:

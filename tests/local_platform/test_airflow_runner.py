@@ -19,7 +19,9 @@ import yaml
 
 from local_platform import airflow_runner
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, REPO_ROOT, apply_overrides, read_yaml
+from spark_jobs.lib.config import REPO_ROOT
+from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, read_yaml
+from spark_jobs.lib.overrides import apply_overrides
 
 HOLD = """
 import sys, time
