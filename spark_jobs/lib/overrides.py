@@ -80,7 +80,7 @@ def _deep_merge(base: dict, extra: dict) -> dict:
     return merged
 
 
-def add_set_argument(parser: argparse.ArgumentParser) -> None:
+def add_set_argument(parser: argparse.ArgumentParser, help_prefix: str = "") -> None:
     """A command line's --set: one section.key=value setting per --set, repeated for more."""
     parser.add_argument(  # one value per --set: a list would swallow the arguments after it
         "--set",
@@ -88,8 +88,8 @@ def add_set_argument(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="a config setting, e.g. --set train.max_steps=500 (the value read as YAML; a text setting takes it "
-        "as typed); repeat --set for each setting",
+        help=f"{help_prefix}one config setting, e.g. --set train.max_steps=500 or --set 'generate.prompt=To be'; "
+        "repeat --set for each setting (the value is read as YAML; a text setting takes it as typed)",
     )
 
 
