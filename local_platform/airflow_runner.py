@@ -33,7 +33,7 @@ from include.schedule import cron_timetable
 from include.spark_submit import STAGES
 from local_platform import process_tree
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib import corpus, lake, memory, storage
+from spark_jobs.lib import corpus, lake, preflight
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
 from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml
 from spark_jobs.lib.errors import PipelineError, name_some
@@ -377,10 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "ui":
             warn_unusable_corpus(config)
             return ui(config)
-        sizes = lake.corpus_files(config)
-        corpus.check_fits(config, sizes)
-        memory.check_local_training(config)
-        storage.check_lake_room(config, sizes)
+        preflight.check_run(config, lake.corpus_files(config))
         return run(config, conf)
     except PipelineError as error:
         print(f"ERROR {error}", file=sys.stderr)
