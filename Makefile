@@ -39,7 +39,7 @@ venv: $(BIN)/.installed
 
 # The whole DAG once with `airflow dags test`, S3 on a moto server that lives as long as the command.
 run: venv
-	$(BIN)/python -m local_platform.airflow_runner run --corpus "$$CORPUS" --overrides "$$SET" $(ARGS)
+	$(BIN)/python -m local_platform.airflow_runner run --corpus "$$CORPUS" --set-from-env SET $(ARGS)
 
 # Airflow standalone (UI on http://127.0.0.1:8080) with the DAG and a moto S3 server; Ctrl-C stops it.
 airflow: venv

@@ -32,7 +32,9 @@ from include import class_archive  # noqa: E402
 from include.local_spark import submit_stage  # noqa: E402
 from include.spark_submit import PREPROCESSING_STAGES, package_code  # noqa: E402
 from spark_jobs.lib import bpe, lake  # noqa: E402
-from spark_jobs.lib.config import SHARED_CORPUS, add_set_argument, load_config  # noqa: E402
+from spark_jobs.lib.config import SHARED_CORPUS  # noqa: E402
+from spark_jobs.lib.config_files import load_config  # noqa: E402
+from spark_jobs.lib.overrides import add_set_argument  # noqa: E402
 
 
 def build_corpus(folder: Path, megabytes: float, files: int) -> tuple[str, str, str]:

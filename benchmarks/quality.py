@@ -24,7 +24,9 @@ from include.local_spark import submit_stage
 from include.spark_submit import PREPROCESSING_STAGES, packaged_code  # noqa: E402
 from local_platform.stage_runner import run_pipeline  # noqa: E402
 from spark_jobs.lib import lake  # noqa: E402
-from spark_jobs.lib.config import add_set_argument, load_config, to_uri  # noqa: E402
+from spark_jobs.lib.config import to_uri  # noqa: E402
+from spark_jobs.lib.config_files import load_config  # noqa: E402
+from spark_jobs.lib.overrides import add_set_argument  # noqa: E402
 
 
 def main() -> None:

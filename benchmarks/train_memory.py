@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from include.spark_submit import PREPROCESSING_STAGES  # noqa: E402
 from local_platform.stage_runner import run_pipeline  # noqa: E402
 from spark_jobs.lib import lake, memory  # noqa: E402
-from spark_jobs.lib.config import SHARED_CORPUS, load_config  # noqa: E402
+from spark_jobs.lib.config import SHARED_CORPUS  # noqa: E402
+from spark_jobs.lib.config_files import load_config  # noqa: E402
 
 SHORT_TRAINING = [
     "train.max_steps=3",

@@ -55,18 +55,12 @@ from include.collect import (
 )
 from include.schedule import cron_timetable
 from include.spark_submit import STAGES, packaged_code
-from spark_jobs.lib import corpus, lake, memory, storage
+from spark_jobs.lib import lake, memory, preflight
 from spark_jobs.lib import stages as stage_graph
-from spark_jobs.lib.config import (
-    DAG_SETTINGS,
-    ConfigError,
-    PipelineConfig,
-    defaults_path,
-    load_config,
-    read_yaml,
-    setting,
-)
+from spark_jobs.lib.config import ConfigError, PipelineConfig
+from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml
 from spark_jobs.lib.errors import name_some
+from spark_jobs.lib.overrides import DAG_SETTINGS, setting
 from spark_jobs.lib.stage import load_run_config
 
 log = logging.getLogger(__name__)
@@ -113,12 +107,13 @@ def form_config() -> tuple[PipelineConfig, str]:
     return config, f"{config.run_name}-{context['run_id']}"
 
 
-def check_corpus(config: PipelineConfig, sizes: dict[str, int]) -> None:
-    """Log the corpus and stop one too small for a window before any Spark or cluster starts."""
+def check_run(config: PipelineConfig, sizes: dict[str, int]) -> preflight.RunCheck:
+    """Log the corpus, then stop a run that cannot succeed (corpus too small for a window, no room
+    for its windows and TFRecords, a model too big for a local worker) before any Spark or cluster starts."""
     log.info(
         "corpus: %d file(s), %s bytes: %s", len(sizes), f"{sum(sizes.values()):,}", name_some(list(sizes), shown=5)
     )
-    corpus.check_fits(config, sizes)
+    return preflight.check_run(config, sizes)
 
 
 @task(retries=0)
@@ -128,10 +123,8 @@ def validate_config() -> str:
 
     config, run_id = form_config()
     check_bucket(S3Hook(aws_conn_id=AWS_CONN_ID), config.s3.bucket, "s3.bucket")  # collect's, before any Spark runs
-    sizes = lake.corpus_files(config)
-    check_corpus(config, sizes)
-    storage.check_lake_room(config, sizes)
-    log.info("training: %s", memory.describe(memory.check_local_training(config)))
+    checked = check_run(config, lake.corpus_files(config))
+    log.info("training: %s", memory.describe(checked.training))
     run_dir = lake.create_run(config, run_id)
     log.info("run folder: %s", run_dir)
     return run_dir
@@ -145,9 +138,7 @@ def validate_config_for_emr() -> dict:
 
     config, run_id = form_config()
     check_bucket(S3Hook(aws_conn_id=AWS_CONN_ID), config.s3.bucket, "s3.bucket")  # collect's, before a cluster
-    sizes = emr.corpus_objects(config, S3Hook(aws_conn_id=config.emr.aws_conn_id))
-    check_corpus(config, sizes)
-    storage.check_core_node_room(config, sizes)
+    check_run(config, emr.corpus_objects(config, S3Hook(aws_conn_id=config.emr.aws_conn_id)))
     return emr_tasks.prepare(config, run_id, CONFIG)
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from include import locks
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import PipelineConfig, from_json
+from spark_jobs.lib.config import PipelineConfig
+from spark_jobs.lib.config_files import from_json
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.train_state import MODEL_DIR
 

@@ -17,7 +17,8 @@ import yaml
 
 from include.spark_submit import STAGES, packaged_code, spark_submit_argv
 from spark_jobs.lib import lake, memory
-from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig, defaults_path
+from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
+from spark_jobs.lib.config_files import defaults_path
 from spark_jobs.lib.errors import PipelineError
 
 CONFIG_DIR = REPO_ROOT / "include" / "config"

@@ -33,19 +33,11 @@ from include.schedule import cron_timetable
 from include.spark_submit import STAGES
 from local_platform import process_tree
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib import corpus, lake, memory, storage
-from spark_jobs.lib.config import (
-    DAG_SETTINGS,
-    REPO_ROOT,
-    ConfigError,
-    PipelineConfig,
-    apply_overrides,
-    defaults_path,
-    load_config,
-    read_yaml,
-    setting,
-)
+from spark_jobs.lib import corpus, lake, preflight
+from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
+from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml
 from spark_jobs.lib.errors import PipelineError, name_some
+from spark_jobs.lib.overrides import DAG_SETTINGS, add_set_argument, apply_overrides, setting
 
 DAG_ID = "gpt_pipeline"
 # Tests give the command a home of their own through this variable.
@@ -304,31 +296,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("run", "ui"))
     parser.add_argument("--corpus", help="run: corpus path, glob or URI (empty: the one in pipeline.yaml)")
-    parser.add_argument(  # one value per --set: a list would swallow the command after it
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="run: a config override",
-    )
-    parser.add_argument(
-        "--overrides",
-        dest="override_words",
-        default="",
-        metavar="'SECTION.KEY=VALUE ...'",
-        help="run: config overrides separated by spaces and quoted as in a shell (make's SET)",
+    add_set_argument(parser, help_prefix="run: ")
+    parser.add_argument(  # make run's way in: SET reaches the command through the environment, as typed
+        "--set-from-env",
+        metavar="NAME",
+        help=argparse.SUPPRESS,  # the settings in variable NAME, split as a shell would, each one --set
     )
     return parser.parse_args(argv)
 
 
-def split_overrides(words: str) -> list[str]:
-    """make's SET as overrides: `train.max_steps=50 generate.prompt='To be'` holds two."""
+def split_overrides(words: str, name: str = "SET") -> list[str]:
+    """make's SET (environment variable `name`) as settings, one per --set:
+    `train.max_steps=50 generate.prompt='To be'` holds two."""
     try:
         return shlex.split(words)
     except ValueError as error:  # an unmatched quote
         raise ConfigError(
-            f"SET {words!r}: {error}; put a value holding a quote in the other kind of quotes, "
+            f"{name} {words!r}: {error}; put a value holding a quote in the other kind of quotes, "
             'as in generate.prompt="O\'er the hill"'
         ) from None
 
@@ -370,7 +354,8 @@ def warn_unusable_corpus(config: PipelineConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        overrides = split_overrides(args.override_words) + args.overrides
+        from_env = args.set_from_env
+        overrides = (split_overrides(os.environ.get(from_env, ""), from_env) if from_env else []) + args.overrides
         conf: dict = {"overrides": overrides}
         if args.corpus:
             conf["corpus"] = args.corpus
@@ -392,10 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "ui":
             warn_unusable_corpus(config)
             return ui(config)
-        sizes = lake.corpus_files(config)
-        corpus.check_fits(config, sizes)
-        memory.check_local_training(config)
-        storage.check_lake_room(config, sizes)
+        preflight.check_run(config, lake.corpus_files(config))
         return run(config, conf)
     except PipelineError as error:
         print(f"ERROR {error}", file=sys.stderr)

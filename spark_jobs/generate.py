@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from spark_jobs.lib import bpe, lake
-from spark_jobs.lib.config import GenerateConfig, PipelineConfig, load_config, to_uri
+from spark_jobs.lib.config import GenerateConfig, PipelineConfig, to_uri
+from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage
 from spark_jobs.lib.train_state import MODEL_DIR, MODEL_FILE, TOKENIZER_FILE

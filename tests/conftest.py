@@ -34,7 +34,8 @@ os.environ.update(
 )
 
 from spark_jobs.lib import lake  # noqa: E402
-from spark_jobs.lib.config import SHARED_CORPUS, PipelineConfig, load_config  # noqa: E402
+from spark_jobs.lib.config import SHARED_CORPUS, PipelineConfig  # noqa: E402
+from spark_jobs.lib.config_files import load_config  # noqa: E402
 
 
 @pytest.fixture(scope="session")

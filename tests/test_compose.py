@@ -25,7 +25,8 @@ import yaml
 
 from include.collect import AWS_CONN_ID
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib.config import REPO_ROOT, load_config
+from spark_jobs.lib.config import REPO_ROOT
+from spark_jobs.lib.config_files import load_config
 
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yaml"
 DOCKERFILE = REPO_ROOT / "Dockerfile"

@@ -1,38 +1,27 @@
-"""The pipeline configuration: one validated model used by every stage and by the DAG.
+"""The pipeline configuration's schema: PipelineConfig, one validated model used by every stage
+and by the DAG, with its sections, their rules and ConfigError.
 
-Defaults live in include/config/pipeline.yaml. `load_config` applies overrides
-(dotted `section.key=value` strings or a nested dict) and validates the result; any problem
-raises ConfigError naming the field.
+The values come from include/config/pipeline.yaml with a run's overrides: config_files.py reads
+the file and validates (`load_config`), overrides.py parses `section.key=value` settings. A
+problem raises ConfigError naming the field.
 """
 
 from __future__ import annotations
 
-import argparse
-import difflib
-import functools
-import json
 import math
 import os
 import posixpath
 import re
-import types
 import unicodedata
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from spark_jobs.lib.errors import PipelineError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG_PATH = REPO_ROOT / "include" / "config" / "pipeline.yaml"
 SHARED_CORPUS = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"  # pipeline.yaml's corpus
-
-
-def defaults_path() -> Path:
-    """The defaults file: GPT_PIPELINE_CONFIG when set (e.g. a copy with target: emr), else pipeline.yaml."""
-    return Path(os.environ.get("GPT_PIPELINE_CONFIG") or DEFAULT_CONFIG_PATH)
 
 
 # Byte-level BPE starts from 256 byte symbols; the special tokens come on top.
@@ -355,192 +344,3 @@ class PipelineConfig(_Section):
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
-
-
-def _describe(error: ValidationError) -> str:
-    lines = []
-    for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"])
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown key" + "".join(f" (did you mean {known}?)" for known in closest_settings(field)[:1])
-        elif "input" in item and not isinstance(item["input"], dict):
-            message += f" (got {item['input']!r})"
-        # A check across fields (loc empty) names its fields itself.
-        lines.append(f"{field}: {message}" if field else message)
-    return "invalid configuration: " + "; ".join(lines)
-
-
-# Read from pipeline.yaml when Airflow parses the DAG, so a run (its form, SET) cannot change them:
-# they shape the DAG itself (its tasks, its schedule, the model asset's URI).
-DAG_SETTINGS = ("target", "schedule", "s3.bucket", "s3.prefix")
-
-
-def setting(data: dict, name: str) -> Any:
-    """The value of a dotted setting name in a config's data (None where there is none):
-    setting(data, "emr.region")."""
-    return functools.reduce(
-        lambda section, key: section.get(key) if isinstance(section, dict) else None, name.split("."), data
-    )
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """'train.max_steps=200' -> (['train', 'max_steps'], 200). Values are parsed as YAML; what YAML
-    cannot parse (e.g. schedule=@weekly) stays a string, and so does an unquoted value with a '#'
-    in it (lake=/data/lake #2), which YAML would cut at the '#' as a comment. A text setting takes
-    the text as typed whatever YAML makes of it: generate.prompt=yes is 'yes', not True, and
-    generate.prompt=ROMEO: Hark is not a mapping."""
-    key, sep, raw = text.partition("=")
-    path, raw = key.strip().split("."), raw.strip()
-    if not sep or not key.strip():
-        raise ConfigError(f"override {text!r} is not of the form section.key=value (quote a value that holds spaces)")
-    if "#" in raw and raw[:1] not in ("'", '"'):
-        return path, raw
-    try:
-        value = parse_yaml(raw) if raw else ""
-    except yaml.YAMLError:
-        return path, raw
-    if value is not None and not isinstance(value, str) and _takes_text(path):
-        return path, raw
-    return path, value
-
-
-def _takes_text(path: list[str]) -> bool:
-    """Whether the setting at path takes text (str, or str or None): a value for it is never read
-    as a number, a boolean or a collection."""
-    annotation = field_annotation(path)
-    if get_origin(annotation) in (Union, types.UnionType):
-        return str in get_args(annotation)
-    return annotation is str
-
-
-def field_annotation(path: list[str]) -> Any:
-    """The type of the setting at path (["train", "learning_rate"] -> float), None for no such setting."""
-    section: type[BaseModel] = PipelineConfig
-    for part in path[:-1]:
-        field = section.model_fields.get(part)
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
-            return None
-        section = field.annotation
-    field = section.model_fields.get(path[-1])
-    return None if field is None else field.annotation
-
-
-def config_names(section: type[BaseModel] = PipelineConfig, prefix: str = "") -> list[str]:
-    """The dotted name of every section and setting: ["run_name", ..., "train", "train.learning_rate", ...]."""
-    names = []
-    for name, field in section.model_fields.items():
-        names.append(f"{prefix}{name}")
-        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
-            names += config_names(field.annotation, f"{prefix}{name}.")
-    return names
-
-
-def closest_settings(unknown: str) -> list[str]:
-    """Settings an unknown name may have meant: the same key in another section (train.stride ->
-    data.stride), else a name spelled alike (train.max_step -> train.max_steps)."""
-    names = config_names()
-    key = unknown.rsplit(".", 1)[-1]
-    return [name for name in names if name.rsplit(".", 1)[-1] == key] or difflib.get_close_matches(unknown, names, n=1)
-
-
-def add_set_argument(parser: argparse.ArgumentParser) -> None:
-    """A command line's --set: one or more section.key=value overrides, and --set may be repeated."""
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="extend",
-        nargs="+",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="config overrides: --set train.max_steps=500 data.block_size=64",
-    )
-
-
-def apply_overrides(data: dict, overrides: list[str | dict] | dict | None) -> dict:
-    """Merge overrides into raw config data: `section.key=value` strings and/or nested dicts.
-    Unknown keys are left for validation to reject."""
-    if not overrides:
-        return data
-    if isinstance(overrides, dict):
-        return _deep_merge(data, overrides)
-    for text in overrides:
-        if isinstance(text, dict):
-            data = _deep_merge(data, text)
-            continue
-        path, value = parse_override(text)
-        node = data
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {text!r}: {part} is not a section")
-            node = child
-        node[path[-1]] = value
-    return data
-
-
-def _deep_merge(base: dict, extra: dict) -> dict:
-    merged = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def validate(data: dict) -> PipelineConfig:
-    if not isinstance(data, dict):
-        raise ConfigError(f"configuration must be a mapping, got {type(data).__name__}")
-    try:
-        return PipelineConfig.model_validate(data)
-    except ValidationError as error:
-        raise ConfigError(_describe(error)) from None
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """Safe YAML that refuses a key given twice in one mapping. PyYAML keeps the last one silently,
-    so a second `train:` section at the end of the file would replace the first one whole."""
-
-    def construct_mapping(self, node, deep=False):
-        self.flatten_mapping(node)
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, (str, int, float, bool)):
-                continue  # an unhashable key: the base class names it
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"{key!r} is given twice in the same section", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep)
-
-
-def parse_yaml(text_or_file) -> Any:
-    return yaml.load(text_or_file, Loader=_StrictLoader)
-
-
-def read_yaml(path: Path | str) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        with path.open(encoding="utf-8") as file:  # so that an error names the file and line
-            return parse_yaml(file) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
-
-
-def load_config(path: Path | str | None = None, overrides: list[str] | dict | None = None) -> PipelineConfig:
-    """Read the YAML defaults, apply overrides, validate."""
-    data = read_yaml(path or defaults_path())
-    return validate(apply_overrides(data, overrides))
-
-
-def from_json(text: str) -> PipelineConfig:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"resolved config is not valid JSON: {error}") from None
-    return validate(data)

@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable
 
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import PipelineConfig, from_json, to_uri
+from spark_jobs.lib.config import PipelineConfig, to_uri
+from spark_jobs.lib.config_files import from_json
 from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 
 StageBody = Callable[["SparkSession", PipelineConfig, str], dict]  # noqa: F821

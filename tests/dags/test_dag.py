@@ -15,7 +15,9 @@ from airflow.sdk.definitions.param import ParamsDict
 
 from include import trigger_form
 from include.spark_submit import STAGES
-from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, REPO_ROOT, ConfigError, apply_overrides, load_config, read_yaml
+from spark_jobs.lib.config import REPO_ROOT, ConfigError
+from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
+from spark_jobs.lib.overrides import apply_overrides
 
 DAG_ID = "gpt_pipeline"
 PIPELINE = ["validate_config", *STAGES, "collect", "promote"]

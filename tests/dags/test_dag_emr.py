@@ -27,7 +27,9 @@ from moto.server import ThreadedMotoServer
 from include import emr
 from include.spark_submit import STAGES, package_code
 from spark_jobs.lib import lake, stage
-from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, REPO_ROOT, apply_overrides, load_config, read_yaml
+from spark_jobs.lib.config import REPO_ROOT
+from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
+from spark_jobs.lib.overrides import apply_overrides
 
 REGION = "us-east-1"
 BUCKET = "gpt-pipeline"

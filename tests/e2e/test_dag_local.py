@@ -20,7 +20,8 @@ from include.spark_submit import STAGES
 from local_platform.airflow_runner import AIRFLOW, DAG_ID, prepare
 from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import REPO_ROOT, load_config
+from spark_jobs.lib.config import REPO_ROOT
+from spark_jobs.lib.config_files import load_config
 from tests.conftest import write_slice
 
 BUCKET = load_config().s3.bucket

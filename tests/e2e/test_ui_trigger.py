@@ -39,7 +39,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 from include.collect import REPORT_JSON, REPORT_TEXT
 from include.spark_submit import STAGES
 from local_platform.moto_s3 import REGION
-from spark_jobs.lib.config import REPO_ROOT, load_config
+from spark_jobs.lib.config import REPO_ROOT
+from spark_jobs.lib.config_files import load_config
 
 DAG_ID = "gpt_pipeline"
 TASKS = ["validate_config", *STAGES, "collect", "promote", "prune_runs"]

@@ -15,7 +15,7 @@ from include.collect import RunFolder, collect_record, promote_record, remove_ol
 from include.spark_submit import STAGES
 from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import load_config
+from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError
 
 RECORD_BUCKET = "gpt-pipeline"

@@ -19,7 +19,8 @@ from include import emr, emr_tasks
 from include.local_spark import local_argv
 from include.spark_submit import STAGE_FILES, STAGES
 from spark_jobs.lib import lake, memory
-from spark_jobs.lib.config import REPO_ROOT, ConfigError, load_config
+from spark_jobs.lib.config import REPO_ROOT, ConfigError
+from spark_jobs.lib.config_files import load_config
 
 EMR_TARGET = ["target=emr", "lake=s3://test-lake/pipeline"]
 RUN_ID = "tinyshakespeare-manual__2026-11-22T08:00:00+00:00"

@@ -19,7 +19,9 @@ import yaml
 
 from local_platform import airflow_runner
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, REPO_ROOT, apply_overrides, read_yaml
+from spark_jobs.lib.config import REPO_ROOT
+from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, read_yaml
+from spark_jobs.lib.overrides import apply_overrides
 
 HOLD = """
 import sys, time
@@ -65,15 +67,15 @@ def test_target_emr_is_refused_before_airflow_starts(tmp_path, monkeypatch, caps
 def test_settings_of_the_dag_itself_from_set_are_refused_before_airflow_starts(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
     # The lake is still file://, which the config model would refuse for emr first.
-    assert airflow_runner.main(["run", "--overrides", "target=emr"]) == 2
+    assert airflow_runner.main(["run", "--set", "target=emr"]) == 2
     assert "ERROR target: 'emr' (from SET): `make run` and `make airflow` run the DAG" in capsys.readouterr().err
-    assert airflow_runner.main(["run", "--overrides", "target=emrr"]) == 2
+    assert airflow_runner.main(["run", "--set", "target=emrr"]) == 2
     assert "target: Input should be 'local' or 'emr' (got 'emrr')" in capsys.readouterr().err
-    assert airflow_runner.main(["run", "--overrides", "schedule=@daily"]) == 2
+    assert airflow_runner.main(["run", "--set", "schedule=@daily"]) == 2
     assert (
         "ERROR schedule: '@daily' (from SET): the DAG's schedule is read from pipeline.yaml" in capsys.readouterr().err
     )
-    assert airflow_runner.main(["run", "--overrides", "s3.bucket=other-bucket"]) == 2  # the model asset's URI
+    assert airflow_runner.main(["run", "--set", "s3.bucket=other-bucket"]) == 2  # the model asset's URI
     assert (
         "ERROR s3.bucket: 'other-bucket' (from SET): the DAG's s3.bucket is read from pipeline.yaml"
         in capsys.readouterr().err
@@ -108,8 +110,7 @@ def test_set_corpus_wins_over_corpus_as_in_the_dag(tmp_path, monkeypatch, capsys
     """The DAG applies the form's corpus, then its overrides: make run checks the corpus the DAG will read."""
     monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
     assert (
-        airflow_runner.main(["run", "--corpus", str(tmp_path / "a.txt"), "--overrides", f"corpus={tmp_path / 'b.txt'}"])
-        == 2
+        airflow_runner.main(["run", "--corpus", str(tmp_path / "a.txt"), "--set", f"corpus={tmp_path / 'b.txt'}"]) == 2
     )
     assert f"ERROR corpus {(tmp_path / 'b.txt').as_uri()} matches no file" in capsys.readouterr().err
 
@@ -138,6 +139,25 @@ def test_a_corpus_on_s3_is_refused_since_the_local_s3_starts_empty(tmp_path, mon
     assert airflow_runner.main([command, "--corpus", "s3://books/*.txt"]) == 2
     error = capsys.readouterr().err
     assert "ERROR corpus s3://books/*.txt: the S3 of `make run` and `make airflow` is a moto server" in error
+    assert not (tmp_path / "home").exists(), "Airflow's home was touched"
+
+
+def test_set_from_the_environment_is_split_as_a_shell_would_into_settings(monkeypatch, capsys, tmp_path):
+    """make run's SET: one word per setting, as --set options give them, before the command line's --set."""
+    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
+    monkeypatch.setenv("MY_SET", "generate.prompt='To be or not' train.max_steps=3")
+    assert airflow_runner.main(["run", "--set-from-env", "MY_SET", "--set", "train.max_steps=0"]) == 2
+    assert "ERROR invalid configuration: train.max_steps: Input should be greater than or equal to 1" in (
+        capsys.readouterr().err
+    )
+    assert airflow_runner.split_overrides("generate.prompt='To be' lake='/a #2' x=$5") == [
+        "generate.prompt=To be",
+        "lake=/a #2",
+        "x=$5",
+    ]
+    with pytest.raises(SystemExit):
+        airflow_runner.parse_args(["--help"])
+    assert "--set-from-env" not in capsys.readouterr().out, "make's own way in is not the command's interface"
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 

@@ -1,24 +1,11 @@
+"""The config schema: each field's rules and the rules across fields, named in one line."""
+
 import re
 
 import pytest
 
-from spark_jobs.lib.config import (
-    DEFAULT_CONFIG_PATH,
-    REPO_ROOT,
-    ConfigError,
-    corpus_name,
-    load_config,
-    parse_override,
-    read_yaml,
-    validate,
-)
-
-
-def test_defaults_are_valid_and_resolve_paths():
-    config = load_config()
-    assert config.corpus[0].startswith("file:///") and config.corpus[0].endswith("tinyshakespeare.txt")
-    assert config.lake.startswith("file:///")
-    assert config.data.shards % config.train.num_workers == 0
+from spark_jobs.lib.config import REPO_ROOT, ConfigError, corpus_name
+from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml, validate
 
 
 @pytest.mark.parametrize(
@@ -205,52 +192,6 @@ def test_a_lake_whose_run_folders_hold_the_records_is_refused(lake, prefix):
     )
 
 
-def test_overrides_parse_yaml_values_and_globs_stay_strings():
-    assert parse_override("train.max_steps=200") == (["train", "max_steps"], 200)
-    assert parse_override("embedding.word2vec.enabled=false") == (["embedding", "word2vec", "enabled"], False)
-    config = load_config(overrides=[{"corpus": "/data/*.txt"}, "train.max_steps=7"])
-    assert config.corpus == ["file:///data/*.txt"] and config.train.max_steps == 7
-    with pytest.raises(ConfigError, match="not of the form"):
-        parse_override("train.max_steps")
-
-
-def test_a_hash_in_an_unquoted_override_is_text_not_a_yaml_comment():
-    assert parse_override("lake=/tmp/my lake #2") == (["lake"], "/tmp/my lake #2")
-    assert parse_override("generate.prompt=#1 ROMEO:") == (["generate", "prompt"], "#1 ROMEO:")
-    assert parse_override("corpus=/data/a#b.txt") == (["corpus"], "/data/a#b.txt")
-    assert parse_override("run_name='007'") == (["run_name"], "007")  # quoted: YAML still reads it
-    assert parse_override("generate.prompt='a #b'") == (["generate", "prompt"], "a #b")
-
-
-@pytest.mark.parametrize(
-    "override, path, value",
-    [
-        ("generate.prompt=yes", ["generate", "prompt"], "yes"),
-        ("generate.prompt=1599", ["generate", "prompt"], "1599"),
-        ("generate.prompt=ROMEO: Hark", ["generate", "prompt"], "ROMEO: Hark"),
-        ("generate.prompt=- a dash", ["generate", "prompt"], "- a dash"),
-        ("run_name=2024", ["run_name"], "2024"),
-        ("s3.bucket=123", ["s3", "bucket"], "123"),
-        ("schedule=0 3 * * 1", ["schedule"], "0 3 * * 1"),
-        # Not text settings, or not text values: YAML's reading stays.
-        ("schedule=null", ["schedule"], None),
-        ("generate.prompt='quoted: yes'", ["generate", "prompt"], "quoted: yes"),
-        ("emr.tags={team: ml}", ["emr", "tags"], {"team": "ml"}),
-        ("corpus=[a.txt, b.txt]", ["corpus"], ["a.txt", "b.txt"]),
-        ("model.dropout=0.1", ["model", "dropout"], 0.1),
-        ("generate.nope=yes", ["generate", "nope"], True),
-    ],
-)
-def test_a_text_setting_takes_the_text_as_typed_whatever_yaml_makes_of_it(override, path, value):
-    assert parse_override(override) == (path, value)
-
-
-def test_a_prompt_that_yaml_reads_as_a_boolean_or_mapping_is_still_a_prompt():
-    config = load_config(overrides=["generate.prompt=yes", "run_name=2024"])
-    assert config.generate.prompt == "yes" and config.run_name == "2024"
-    assert load_config(overrides=["generate.prompt=ROMEO: Hark"]).generate.prompt == "ROMEO: Hark"
-
-
 @pytest.mark.parametrize(
     "corpus, name",
     [
@@ -294,33 +235,5 @@ def test_a_corpus_file_named_with_glob_characters_names_the_run(tmp_path):
     assert load_config(overrides=[{"corpus": str(tmp_path / "plays" / "Hamlet [12].txt")}]).run_name == "plays"
 
 
-def test_config_file_errors(tmp_path):
-    with pytest.raises(ConfigError, match="does not exist"):
-        load_config(tmp_path / "missing.yaml")
-    broken = tmp_path / "broken.yaml"
-    broken.write_text("train: [unclosed")
-    with pytest.raises(ConfigError, match="not valid YAML"):
-        load_config(broken)
-    broken.write_bytes(b"run_name: caf\xe9\n")
-    with pytest.raises(ConfigError, match="not valid YAML.*utf-8"):
-        load_config(broken)
-
-
-def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
-    """YAML itself would keep the last one: a second `train:` section would replace the first whole."""
-    doubled = tmp_path / "doubled.yaml"
-    doubled.write_text(DEFAULT_CONFIG_PATH.read_text() + "\ntrain:\n  max_steps: 500\n")
-    line = len(DEFAULT_CONFIG_PATH.read_text().splitlines()) + 2
-    with pytest.raises(
-        ConfigError, match=rf"'train' is given twice in the same section\n  in \"{doubled}\", line {line}"
-    ):
-        load_config(doubled)
-    doubled.write_text("train:\n  max_steps: 5\n  max_steps: 6\n")
-    with pytest.raises(ConfigError, match="'max_steps' is given twice"):
-        read_yaml(doubled)
-
-
 def read_yaml_default():
-    from spark_jobs.lib.config import DEFAULT_CONFIG_PATH
-
     return read_yaml(DEFAULT_CONFIG_PATH)

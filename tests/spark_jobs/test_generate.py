@@ -17,16 +17,11 @@ from local_platform.moto_s3 import LocalS3
 from spark_jobs import generate as generate_module
 from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, next_token, samples
 from spark_jobs.lib import bpe, train_state
-from spark_jobs.lib.config import (
-    DEFAULT_CONFIG_PATH,
-    REPO_ROOT,
-    GenerateConfig,
-    apply_overrides,
-    load_config,
-    read_yaml,
-)
+from spark_jobs.lib.config import REPO_ROOT, GenerateConfig
+from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.model import build_decoder
+from spark_jobs.lib.overrides import apply_overrides
 
 
 def settings(**overrides) -> GenerateConfig:

@@ -14,7 +14,8 @@ import pytest
 
 from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib import lake
-from spark_jobs.lib.config import load_config, to_uri
+from spark_jobs.lib.config import to_uri
+from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError
 
 NAMES = ["Les Misérables #1.txt", "100% poems.txt", "plain.txt"]

@@ -9,7 +9,8 @@ import pytest
 from include import emr, emr_tasks
 from local_platform import airflow_runner
 from spark_jobs.lib import memory
-from spark_jobs.lib.config import ConfigError, load_config
+from spark_jobs.lib.config import ConfigError
+from spark_jobs.lib.config_files import load_config
 
 EMR = {"target": "emr", "lake": "s3://gpt-pipeline/lake", "corpus": "s3://gpt-pipeline/corpus/*.txt"}
 

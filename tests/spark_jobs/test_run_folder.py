@@ -9,7 +9,8 @@ import pytest
 
 from include.spark_submit import STAGES
 from spark_jobs.lib import lake, stages
-from spark_jobs.lib.config import ConfigError, load_config
+from spark_jobs.lib.config import ConfigError
+from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import parse_args, run_stage
 from tests.conftest import new_run, small_config
@@ -107,9 +108,10 @@ def test_the_local_runner_keeps_an_existing_runs_settings(tmp_path):
         ["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "--set", "train.batch_size=4"]
     )
     config = stage_runner.resolve_config(args)
-    # One --set takes several overrides too.
-    several = stage_runner.parse_args(["--set", f"lake={tmp_path / 'lake'}", "train.batch_size=4", "--run-id", "r"])
-    assert (several.overrides, several.run_id) == (args.overrides, "r")
+    # One setting per --set: a second word after it is not a setting.
+    assert args.overrides == [f"lake={tmp_path / 'lake'}", "train.batch_size=4"]
+    with pytest.raises(SystemExit):
+        stage_runner.parse_args(["--set", f"lake={tmp_path / 'lake'}", "train.batch_size=4", "--run-id", "r"])
     assert lake.run_dir(config, "r") == run
     assert (config.corpus, config.train.max_steps, config.train.batch_size) == ([corpus.as_uri()], 7, 4)
     assert config.data.block_size == small_config(tmp_path, corpus).data.block_size != load_config().data.block_size
@@ -123,10 +125,10 @@ def test_an_existing_run_checks_a_change_against_its_own_settings(tmp_path):
     from local_platform import stage_runner
 
     new_run(small_config(tmp_path, tmp_path / "c.txt", ["embedding.dim=96", "model.n_head=3"]), "r")
-    args = stage_runner.parse_args(["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "model.n_head=6"])
+    args = stage_runner.parse_args(["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "--set", "model.n_head=6"])
     config = stage_runner.resolve_config(args)
     assert (config.embedding.dim, config.model.n_head) == (96, 6)
-    bad = stage_runner.parse_args(["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "model.n_head=5"])
+    bad = stage_runner.parse_args(["--run-id", "r", "--set", f"lake={tmp_path / 'lake'}", "--set", "model.n_head=5"])
     with pytest.raises(ConfigError, match=r"embedding.dim \(96\) must be divisible by model.n_head \(5\)"):
         stage_runner.resolve_config(bad)
 

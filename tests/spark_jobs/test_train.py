@@ -27,7 +27,8 @@ from local_platform.moto_s3 import LocalS3
 from local_platform.stage_runner import run_pipeline
 from spark_jobs.generate import load_model
 from spark_jobs.lib import lake, memory
-from spark_jobs.lib.config import REPO_ROOT, load_config
+from spark_jobs.lib.config import REPO_ROOT
+from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.train_state import BACKUP
 from spark_jobs.lib.train_stats import EPOCH_COLUMNS
 from spark_jobs.lib.trainer import build_optimizer

@@ -228,7 +228,7 @@ def test_corpus_check_size_needs_a_window_in_each_split():
 
 def test_corpus_files_come_with_their_sizes(tmp_path):
     from spark_jobs.lib import lake
-    from spark_jobs.lib.config import load_config
+    from spark_jobs.lib.config_files import load_config
 
     (tmp_path / "b.txt").write_text("bb")
     (tmp_path / "a.txt").write_text("a")

@@ -1,0 +1,45 @@
+"""The check before a run starts, one for every way to start one (the DAG's validate_config, the
+stage runner, `make run`): the corpus fits the windows and the validation split, the run's windows
+and TFRecords fit the lake (on EMR each core node's volume), and training fits a worker's memory on
+this machine (target local; for EMR include/emr_tasks.py checks it against the core node type).
+
+The caller lists the corpus (from the lake, or through an S3 hook on EMR) and reports the errors:
+each raises PipelineError (ConfigError) naming the settings to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, replace
+
+from spark_jobs.lib import corpus, memory, storage
+from spark_jobs.lib.config import PipelineConfig
+
+
+@dataclass(frozen=True)
+class RunCheck:
+    """What the checks found: the corpus's files and bytes, and a local training worker's memory
+    estimate (memory.describe words it), None where not checked."""
+
+    corpus_files: int | None = None
+    corpus_bytes: int | None = None
+    training: dict[str, float] | None = None
+
+
+def check_run(config: PipelineConfig, sizes: dict[str, int] | None, stages: Collection[str] | None = None) -> RunCheck:
+    """Check a run of `stages` (default: the whole pipeline) before any Spark or cluster starts.
+    `sizes` is the corpus ({URI: bytes}); it is read by tokenize only, so a run without tokenize
+    may give None. The corpus and disk checks go with tokenize, the memory check with train."""
+    found = RunCheck()
+    if stages is None or "tokenize" in stages:
+        if sizes is None:
+            raise ValueError("a run with tokenize needs the corpus's sizes")
+        corpus.check_fits(config, sizes)
+        if config.target == "emr":
+            storage.check_core_node_room(config, sizes)
+        else:
+            storage.check_lake_room(config, sizes)
+        found = RunCheck(corpus_files=len(sizes), corpus_bytes=sum(sizes.values()))
+    if config.target == "local" and (stages is None or "train" in stages):
+        found = replace(found, training=memory.check_local_training(config))
+    return found
