@@ -86,12 +86,14 @@ def test_the_emr_dag_parses_and_builds_its_cluster_and_steps_without_spark_or_te
         """
         from airflow.dag_processing.dagbag import DagBag
 
-        from include import emr
-        from include.spark_submit import STAGES
         from spark_jobs.lib.config import REPO_ROOT, defaults_path, load_config
 
         dagbag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
         assert dagbag.import_errors == {}, dagbag.import_errors
+
+        from include import emr
+        from include.spark_submit import STAGES
+
         dag = dagbag.dags["gpt_pipeline"]
         cluster = {"create_cluster", *STAGES, "terminate_cluster"}
         assert set(dag.task_ids) == {"validate_config", *cluster, "collect", "promote", "prune_runs"}, dag.task_ids
