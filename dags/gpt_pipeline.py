@@ -1,30 +1,25 @@
 """
 ### gpt_pipeline: train a GPT-style language model from raw text
 
-validate_config → tokenize → window → positional_embed → export → train → generate → collect → promote, prune_runs
+```
+target: local   validate_config → tokenize → window → positional_embed → export → train → generate
+                  → collect → promote, prune_runs
 
-With `target: emr` in pipeline.yaml each stage is an EMR step on a cluster made for the run:
-validate_config → create_cluster → tokenize → … → generate → collect → promote, prune_runs, terminate_cluster
+target: emr     validate_config → create_cluster → tokenize → window → positional_embed → export
+                  → train → generate → collect → promote, prune_runs
+                                               → terminate_cluster (teardown of create_cluster)
+```
 
-Each stage is a Spark application run with spark-submit (include/spark_submit.py builds the
-command for every target); stages talk only through the run folder `{lake}/runs/{run}/`.
-`collect` copies the resolved config, stats, model and samples to
-`s3://{s3.bucket}/{s3.prefix}/{run}/` through the `aws_default` connection, with a report
-(report.md: losses, data, model, training, every validation pass; on EMR the cluster's steps and
-cost) that the run folder keeps too.
-`promote` points `s3://{s3.bucket}/{s3.prefix}/latest/{run_name}.json` at the new model (with
-`s3.promote: if_better`, only when its validation loss per character is no higher) and then updates
-the `gpt_pipeline_model` asset, which DAGs that use the model can be scheduled on. With
-`keep_runs` set, `prune_runs` removes the run name's older collected run folders from the lake.
+Each stage is one Spark application run with spark-submit: on this machine's Spark, or as a step of
+an EMR cluster made for the run. Stages talk only through the run folder `{lake}/runs/{run}/`.
+`collect` copies the run's record and report to S3, `promote` points the run name's `latest`
+pointer at the new model (updating the `gpt_pipeline_model` asset), `prune_runs` removes older run
+folders when `keep_runs` is set. On EMR, `terminate_cluster` runs whatever happened to the steps,
+and a failed step still fails the run.
 
-Defaults come from include/config/pipeline.yaml; the trigger form changes them for one run and
-the first task validates the result with the config model, checks the corpus, and checks that the
-model fits a training worker's memory (spark_jobs/lib/memory.py). `target`, `schedule`,
-`s3.bucket` and `s3.prefix` (with `target: emr` also `emr.region`, `emr.aws_conn_id` and
-`emr.poke_interval_seconds`) are the DAG's own and a run cannot change them; a run may lower
-`emr.max_cost_usd` for itself, not raise it. On EMR a failed step is retried once on the same cluster,
-unless it stopped on bad input or the cluster ended. Runs start by hand, on the `schedule:` of
-pipeline.yaml (none by default), and whenever the corpus asset is updated.
+Defaults come from include/config/pipeline.yaml (`target` chooses the branch); the trigger form
+changes them for one run. The tasks, the trigger form and the settings a run cannot change:
+`docs/dag.md`; the cluster, its steps and its cost: `docs/emr.md`.
 """
 
 from __future__ import annotations
@@ -32,6 +27,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+from airflow.providers.amazon.aws.operators.emr import EmrCreateJobFlowOperator, EmrTerminateJobFlowOperator
 from airflow.sdk import (
     DAG,
     Asset,
@@ -53,6 +49,7 @@ from include.collect import (
     promote_record,
     remove_old_runs,
 )
+from include.emr_tasks import EmrStageSensor
 from include.schedule import cron_timetable
 from include.spark_submit import STAGES, packaged_code
 from spark_jobs.lib import lake, memory, preflight
@@ -245,11 +242,48 @@ with DAG(
         promote(report)
         report >> prune_runs(run_dir)
     else:
-        # create_cluster -> one step per stage -> collect -> terminate_cluster (a teardown: it
-        # runs whatever happened, and a failed step still fails the run).
+        aws = {"aws_conn_id": CONFIG.emr.aws_conn_id, "region_name": CONFIG.emr.region}
         prepared = validate_config_for_emr()
-        create, last_stage, terminate = emr_tasks.cluster_tasks(CONFIG, prepared)
-        report = collect(prepared["run_dir"], create.output)
-        last_stage >> report >> terminate
+        run_dir = prepared["run_dir"]
+
+        # Setup: the cluster. No retries: a retried create would start a second cluster (boto3
+        # retries API errors itself).
+        create_cluster = EmrCreateJobFlowOperator(
+            task_id="create_cluster",
+            job_flow_overrides=prepared["job_flow_overrides"],
+            emr_conn_id=None,
+            retries=0,
+            **aws,
+        )
+        cluster_id = create_cluster.output
+
+        # Body: one task per stage adds its EMR step and waits for it (a retry adds the step again);
+        # then collect, with the cluster's steps and cost.
+        stages = [
+            EmrStageSensor(
+                task_id=stage,
+                stage=stage,
+                step=prepared[f"{stage}_step"],
+                run_dir=run_dir,
+                job_flow_id=cluster_id,
+                retries=emr.STEP_RETRIES,
+                **emr.sensor_limits(stage, CONFIG),
+                **aws,
+            )
+            for stage in STAGES
+        ]
+        report = collect(run_dir, cluster_id)
+
+        # Teardown: runs whatever happened to the steps; a failed step still fails the run, and so
+        # does a failed terminate (the cluster may still be up), which a teardown would not otherwise.
+        terminate_cluster = EmrTerminateJobFlowOperator(task_id="terminate_cluster", job_flow_id=cluster_id, **aws)
+
+        chain(
+            prepared,
+            create_cluster,
+            *stages,
+            report,
+            terminate_cluster.as_teardown(setups=create_cluster, on_failure_fail_dagrun=True),
+        )
         promote(report)
-        report >> prune_runs(prepared["run_dir"])
+        report >> prune_runs(run_dir)

@@ -1,13 +1,14 @@
-"""The EMR target as Airflow tasks, built from include/emr.py with the amazon provider's operators.
+"""The EMR target's Airflow pieces, built from include/emr.py; dags/gpt_pipeline.py composes them
+with the amazon provider's EmrCreateJobFlowOperator and EmrTerminateJobFlowOperator:
 
-    prepared = prepare_task(...)  # a @task(multiple_outputs=True) returning emr_tasks.prepare(...)
-    create, last_stage, terminate = emr_tasks.cluster_tasks(config, prepared)
-    last_stage >> collect >> terminate
+    validate_config (prepare) -> create_cluster -> tokenize -> ... -> generate -> collect
+                                                                                -> terminate_cluster
 
-create_cluster -> tokenize -> window -> ... -> generate -> terminate_cluster. Each stage is one
-EmrStageSensor task: it adds the stage's EMR step and waits for it, so that a retry runs the stage
-again. terminate_cluster is a teardown task: it runs whatever happened to the steps, and since
-Airflow leaves teardown tasks out of the run's state, a failed step still fails the run.
+`prepare` checks and uploads the run and returns the cluster request and every stage's step.
+Each stage is one EmrStageSensor task: it adds the stage's EMR step and waits for it, so that a
+retry runs the stage again. terminate_cluster is a teardown task: it runs whatever happened to the
+steps, and since Airflow leaves teardown tasks out of the run's state, a failed step still fails
+the run.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import logging
 
 from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-from airflow.providers.amazon.aws.operators.emr import EmrCreateJobFlowOperator, EmrTerminateJobFlowOperator
 from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
@@ -71,6 +71,10 @@ class EmrStageSensor(EmrStepSensor):
     template_fields = (*EmrStepSensor.template_fields, "step", "run_dir")
 
     def __init__(self, *, stage: str, step: dict, run_dir: str, **kwargs):
+        # Rescheduled between pokes, never deferred: its checks of a failed step are in poke, which
+        # a trigger would not run.
+        kwargs.setdefault("mode", "reschedule")
+        kwargs.setdefault("deferrable", False)
         super().__init__(step_id="", **kwargs)
         self.stage, self.step, self.run_dir = stage, step, run_dir
 
@@ -170,32 +174,3 @@ def describe_progress(progress: dict) -> str:
         f"step {step:,} of {last:,} ({step / last:.0%}), loss {progress['loss']:.4f}, "
         f"{progress['tokens_per_s']:,} tokens/s, {left} (at {progress['updated_at']})"
     )
-
-
-def cluster_tasks(config: PipelineConfig, prepared):
-    """The cluster's tasks in order; returns (create, the last stage's task, terminate)."""
-    aws = {"aws_conn_id": config.emr.aws_conn_id, "region_name": config.emr.region}
-    # No retries: a retried create would start a second cluster (boto3 retries API errors itself).
-    create = EmrCreateJobFlowOperator(
-        task_id="create_cluster", job_flow_overrides=prepared["job_flow_overrides"], emr_conn_id=None, retries=0, **aws
-    )
-    previous = create
-    for stage in STAGES:
-        run = EmrStageSensor(
-            task_id=stage,
-            stage=stage,
-            step=prepared[f"{stage}_step"],
-            run_dir=prepared["run_dir"],
-            job_flow_id=create.output,
-            mode="reschedule",
-            deferrable=False,  # its checks of a failed step are in poke, which a trigger would not run
-            retries=emr.STEP_RETRIES,
-            **emr.sensor_limits(stage, config),
-            **aws,
-        )
-        previous >> run
-        previous = run
-    terminate = EmrTerminateJobFlowOperator(task_id="terminate_cluster", job_flow_id=create.output, **aws)
-    # A failed terminate fails the run (a teardown's state does not count otherwise): the cluster may still be up.
-    previous >> terminate.as_teardown(setups=create, on_failure_fail_dagrun=True)
-    return create, previous, terminate

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyspark
-
 from include import class_archive
 from include.spark_submit import local_master, spark_submit_argv
 from spark_jobs.lib.config import PipelineConfig
@@ -38,6 +36,8 @@ def headline(stats: dict) -> dict:
 
 
 def spark_env(jvm_options: tuple[str, ...] = ()) -> dict[str, str]:
+    import pyspark  # here, not at the top: the DAG imports this module, and on EMR no pyspark is installed
+
     env = dict(os.environ)
     # Driver and executors run the interpreter of this virtual environment.
     env["PYSPARK_PYTHON"] = sys.executable
