@@ -132,6 +132,8 @@ def validate_config() -> str:
     check_corpus(config, sizes)
     storage.check_lake_room(config, sizes)
     log.info("training: %s", memory.describe(memory.check_local_training(config)))
+    if exposed := local_spark.exposure_warning(config):  # raises unless the run accepts it
+        log.warning(exposed)
     run_dir = lake.create_run(config, run_id)
     log.info("run folder: %s", run_dir)
     return run_dir

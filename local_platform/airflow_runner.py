@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ipaddress
 import json
 import os
 import shlex
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from include import locks
 from include.collect import REPORT_JSON, REPORT_TEXT, latest_key
+from include.local_spark import exposure_warning
 from include.schedule import cron_timetable
 from include.spark_submit import STAGES
 from local_platform import process_tree
@@ -261,6 +263,7 @@ def run(config: PipelineConfig, conf: dict) -> int:
 
 def ui(config: PipelineConfig) -> int:
     host, port = os.environ.get("AIRFLOW__API__HOST", "127.0.0.1"), os.environ.get("AIRFLOW__API__PORT", "8080")
+    check_loopback(host)
     with exclusive_home(AIRFLOW_HOME, "make airflow"):
         check_port_free(host, port)
         with LocalS3(buckets=(config.s3.bucket,)) as s3:
@@ -273,6 +276,21 @@ def ui(config: PipelineConfig) -> int:
             env.setdefault("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "True")
             print(f"Airflow UI: {api} (DAG {DAG_ID}); S3 (moto): {s3.endpoint_url}; Ctrl-C stops both", flush=True)
             return serve(env)
+
+
+def check_loopback(host: str) -> None:
+    """The API server listens on loopback only: with one local user and no login page, whoever
+    reached it would be Airflow's admin, and through the DAG run code here (docs/network.md)."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except socket.gaierror as error:
+        raise PipelineError(f"AIRFLOW__API__HOST={host}: {error.strerror}") from None
+    if not all(ipaddress.ip_address(address.split("%")[0]).is_loopback for address in addresses):
+        raise PipelineError(
+            f"AIRFLOW__API__HOST={host} is not a loopback address ({', '.join(sorted(addresses))}): `make airflow` "
+            "serves its UI and API on this machine only, e.g. AIRFLOW__API__HOST=127.0.0.1 (the default); "
+            "to reach it from elsewhere, forward the port over SSH"
+        )
 
 
 def check_port_free(host: str, port: str) -> None:
@@ -395,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes = lake.corpus_files(config)
         corpus.check_fits(config, sizes)
         memory.check_local_training(config)
+        if exposed := exposure_warning(config):  # raises unless the run accepts it
+            print(f"WARNING {exposed}", file=sys.stderr)
         storage.check_lake_room(config, sizes)
         return run(config, conf)
     except PipelineError as error:

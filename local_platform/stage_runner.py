@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from include import locks
-from include.local_spark import StageFailed, headline, submit_stage
+from include.local_spark import StageFailed, exposure_warning, headline, submit_stage
 from include.spark_submit import STAGES, packaged_code
 from spark_jobs.lib import corpus, lake, memory, storage
 from spark_jobs.lib import stages as stage_graph
@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             storage.check_lake_room(config, sizes)
         if "train" in stages:
             memory.check_local_training(config)
+            if exposed := exposure_warning(config):  # raises unless the run accepts it
+                print(f"WARNING {exposed}", file=sys.stderr)
         run_id = args.run_id or new_run_id(config, f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")
         with locks.run_folder_held(lake.run_dir(config, run_id), "python -m local_platform.stage_runner"):
             run_dir = run_pipeline(config, run_id, stages)
