@@ -4,6 +4,7 @@ local target and by the stage runner (local_platform/stage_runner.py)."""
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -121,6 +122,8 @@ def submit_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Pat
     argv = local_argv(stage, config, run_dir, code_dir)
     launched = launch_argv(stage, config, argv)
     with class_archive.sharing(stage) as jvm_options:
+        if launched != argv:  # contained: Netty finds no hardware address there, and says so; one made up
+            jvm_options = (*jvm_options, f"-Dio.netty.machineId={':'.join(secrets.token_hex(1) for _ in range(8))}")
         returncode = run_spark_submit(launched, spark_env(jvm_options))
         if returncode != 0:
             raise StageFailed(stage, returncode, argv)
