@@ -39,7 +39,7 @@ from airflow.sdk import (
 )
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from include import emr, emr_tasks, local_spark, locks, trigger_form
+from include import emr, emr_tasks, local_spark, locks, preflight, trigger_form
 from include.collect import (
     AWS_CONN_ID,
     RunFolder,
@@ -52,7 +52,7 @@ from include.collect import (
 from include.emr_tasks import EmrStageSensor
 from include.schedule import cron_timetable
 from include.spark_submit import STAGES, packaged_code
-from spark_jobs.lib import lake, memory, preflight
+from spark_jobs.lib import lake, memory
 from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import ConfigError, PipelineConfig
 from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml
@@ -122,6 +122,8 @@ def validate_config() -> str:
     check_bucket(S3Hook(aws_conn_id=AWS_CONN_ID), config.s3.bucket, "s3.bucket")  # collect's, before any Spark runs
     checked = check_run(config, lake.corpus_files(config))
     log.info("training: %s", memory.describe(checked.training))
+    if checked.exposure:
+        log.warning(checked.exposure)
     run_dir = lake.create_run(config, run_id)
     log.info("run folder: %s", run_dir)
     return run_dir

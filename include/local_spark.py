@@ -4,17 +4,29 @@ local target and by the stage runner (local_platform/stage_runner.py)."""
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 
-from include import class_archive
+from include import class_archive, loopback_only
 from include.spark_submit import local_master, spark_submit_argv
 from spark_jobs.lib.config import PipelineConfig
-from spark_jobs.lib.errors import BAD_INPUT_EXIT
+from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 
 VECTOR_MODULE = "--add-modules=jdk.incubator.vector"
 STOP_GRACE_S = 15
+LOOPBACK = "127.0.0.1"
+# Locally every Spark application listens on loopback only (docs/network.md): its driver's RPC
+# endpoint and block manager here, its UI through SPARK_LOCAL_IP (spark_env). Spark's default
+# would be this machine's network address, and its UI every interface. EMR's steps keep Spark's
+# defaults: there the nodes talk to each other, inside the cluster's security groups.
+LOOPBACK_CONF = {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK}
+# The stages run in a private network namespace that holds only loopback: train, whose TensorFlow
+# workers' gRPC servers listen on every interface, unauthenticated. It reads and writes the local
+# run folder only; tokenize, which may read an s3:// corpus, stays on this machine's network.
+CONTAINED_STAGES = ("train",)
+EXPOSURE_SETTING = "local.allow_exposed_workers"
 
 
 class StageFailed(RuntimeError):
@@ -47,6 +59,8 @@ def spark_env(jvm_options: tuple[str, ...] = ()) -> dict[str, str]:
     env["SPARK_HOME"] = str(Path(pyspark.__file__).parent)
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    # The address Spark binds its UI to (it has no setting for it), and names the driver by.
+    env["SPARK_LOCAL_IP"] = LOOPBACK
     # Locally the driver JVM (spark-submit's own) runs the executors too. With the JDK's vector
     # module, MLlib's BLAS (Word2Vec) uses SIMD instead of plain Java loops: about 1.5x faster here.
     # The JVM's own temporary folders (spark-*) go where this process's do (make run: airflow_home/tmp,
@@ -60,16 +74,57 @@ def spark_env(jvm_options: tuple[str, ...] = ()) -> dict[str, str]:
 
 def local_argv(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) -> list[str]:
     argv = spark_submit_argv(
-        stage, config, code_uri=str(code_dir), run_dir=run_dir, master=local_master(stage, config, os.cpu_count() or 2)
+        stage,
+        config,
+        code_uri=str(code_dir),
+        run_dir=run_dir,
+        master=local_master(stage, config, os.cpu_count() or 2),
+        resources=LOOPBACK_CONF,
     )
     argv[0] = str(Path(sys.executable).parent / "spark-submit")
     return argv
 
 
+def exposure_warning(config: PipelineConfig) -> str | None:
+    """None when training on this machine keeps the TensorFlow workers off the network; a warning
+    when it cannot and the run accepts that (local.allow_exposed_workers). Raises PipelineError,
+    naming the reason and the setting, when it cannot and the run does not accept it: called before
+    any stage runs, and again before training starts."""
+    reason = loopback_only.unavailable_reason()
+    if reason is None:
+        return None
+    exposure = (
+        f"this machine cannot keep the TensorFlow training workers off the network ({reason}): their gRPC "
+        "servers, which authenticate no one, would listen on every interface, as TensorFlow's security guidance "
+        "says they must not"
+    )
+    if config.local.allow_exposed_workers:
+        return f"{exposure}; training anyway, as {EXPOSURE_SETTING} is true for this run (docs/network.md)"
+    raise PipelineError(
+        f"{exposure}. Run where private network namespaces are allowed (docs/network.md), or accept the exposure "
+        f"for one run with {EXPOSURE_SETTING}=true (make run SET=..., --set, or the trigger form's other settings)"
+    )
+
+
+def launch_argv(stage: str, config: PipelineConfig, argv: list[str]) -> list[str]:
+    """`argv` as it runs here: contained in a private network namespace for the stages that need
+    it (see exposure_warning for where that is not possible)."""
+    if stage not in CONTAINED_STAGES:
+        return argv
+    warning = exposure_warning(config)
+    if warning is None:
+        return loopback_only.contained(argv)
+    print(f"WARNING [{stage}] {warning}", file=sys.stderr, flush=True)
+    return argv
+
+
 def submit_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path) -> None:
     argv = local_argv(stage, config, run_dir, code_dir)
+    launched = launch_argv(stage, config, argv)
     with class_archive.sharing(stage) as jvm_options:
-        returncode = run_spark_submit(argv, spark_env(jvm_options))
+        if launched != argv:  # contained: Netty finds no hardware address there, and says so; one made up
+            jvm_options = (*jvm_options, f"-Dio.netty.machineId={':'.join(secrets.token_hex(1) for _ in range(8))}")
+        returncode = run_spark_submit(launched, spark_env(jvm_options))
         if returncode != 0:
             raise StageFailed(stage, returncode, argv)
 

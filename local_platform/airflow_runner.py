@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ipaddress
 import json
 import os
 import shlex
@@ -27,13 +28,13 @@ from collections.abc import Iterable
 from contextlib import closing
 from pathlib import Path
 
-from include import locks
+from include import locks, preflight
 from include.collect import REPORT_JSON, REPORT_TEXT, latest_key
 from include.schedule import cron_timetable
 from include.spark_submit import STAGES
 from local_platform import process_tree
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib import corpus, lake, preflight
+from spark_jobs.lib import corpus, lake
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
 from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml
 from spark_jobs.lib.errors import PipelineError, name_some
@@ -253,6 +254,7 @@ def run(config: PipelineConfig, conf: dict) -> int:
 
 def ui(config: PipelineConfig) -> int:
     host, port = os.environ.get("AIRFLOW__API__HOST", "127.0.0.1"), os.environ.get("AIRFLOW__API__PORT", "8080")
+    check_loopback(host)
     with exclusive_home(AIRFLOW_HOME, "make airflow"):
         check_port_free(host, port)
         with LocalS3(buckets=(config.s3.bucket,)) as s3:
@@ -265,6 +267,21 @@ def ui(config: PipelineConfig) -> int:
             env.setdefault("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "True")
             print(f"Airflow UI: {api} (DAG {DAG_ID}); S3 (moto): {s3.endpoint_url}; Ctrl-C stops both", flush=True)
             return serve(env)
+
+
+def check_loopback(host: str) -> None:
+    """The API server listens on loopback only: with one local user and no login page, whoever
+    reached it would be Airflow's admin, and through the DAG run code here (docs/network.md)."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except socket.gaierror as error:
+        raise PipelineError(f"AIRFLOW__API__HOST={host}: {error.strerror}") from None
+    if not all(ipaddress.ip_address(address.split("%")[0]).is_loopback for address in addresses):
+        raise PipelineError(
+            f"AIRFLOW__API__HOST={host} is not a loopback address ({', '.join(sorted(addresses))}): `make airflow` "
+            "serves its UI and API on this machine only, e.g. AIRFLOW__API__HOST=127.0.0.1 (the default); "
+            "to reach it from elsewhere, forward the port over SSH"
+        )
 
 
 def check_port_free(host: str, port: str) -> None:
@@ -377,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "ui":
             warn_unusable_corpus(config)
             return ui(config)
-        preflight.check_run(config, lake.corpus_files(config))
+        checked = preflight.check_run(config, lake.corpus_files(config))
+        if checked.exposure:
+            print(f"WARNING {checked.exposure}", file=sys.stderr)
         return run(config, conf)
     except PipelineError as error:
         print(f"ERROR {error}", file=sys.stderr)

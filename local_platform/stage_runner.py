@@ -14,10 +14,10 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from include import locks
+from include import locks, preflight
 from include.local_spark import StageFailed, headline, submit_stage
 from include.spark_submit import STAGES, packaged_code
-from spark_jobs.lib import lake, preflight
+from spark_jobs.lib import lake
 from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import ConfigError, PipelineConfig, to_uri
 from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml, validate
@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         stages = chosen_stages(args.stages)
         if not (args.run_id and lake.exists(lake.join(lake.run_dir(config, args.run_id), lake.CONFIG_FILE))):
             check_new_run_has_inputs(stages, args.run_id)
-        preflight.check_run(config, lake.corpus_files(config) if "tokenize" in stages else None, stages)
+        sizes = lake.corpus_files(config) if "tokenize" in stages else None
+        if exposed := preflight.check_run(config, sizes, stages).exposure:
+            print(f"WARNING {exposed}", file=sys.stderr)
         run_id = args.run_id or new_run_id(config, f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")
         with locks.run_folder_held(lake.run_dir(config, run_id), "python -m local_platform.stage_runner"):
             run_dir = run_pipeline(config, run_id, stages)

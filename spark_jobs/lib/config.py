@@ -218,6 +218,12 @@ class GenerateConfig(_Section):
         return value
 
 
+class LocalConfig(_Section):
+    """Target local only (docs/network.md)."""
+
+    allow_exposed_workers: bool = False
+
+
 class EmrConfig(_Section):
     release_label: str = Field(pattern=r"^emr-7\.\d+\.\d+$")
     region: str | None = Field(default=None, min_length=1)
@@ -266,6 +272,7 @@ class PipelineConfig(_Section):
     model: ModelConfig
     train: TrainConfig
     generate: GenerateConfig
+    local: LocalConfig = LocalConfig()
     emr: EmrConfig
 
     @model_validator(mode="before")

@@ -16,7 +16,7 @@ INPUTS = {
     "generate": ("train",),
 }
 # Config paths (a section stands for all its keys) whose value a stage's outputs depend on, besides
-# its inputs. The rest (run_name, target, lake, s3, schedule, emr) changes where and how a run
+# its inputs. The rest (run_name, target, lake, s3, schedule, local, emr) changes where and how a run
 # goes, not what it makes.
 SETTINGS = {
     "tokenize": ("corpus", "tokenizer", "data.val_fraction", "data.val_split", "data.bad_files"),

@@ -16,7 +16,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from include import emr, emr_tasks
-from include.local_spark import local_argv
+from include.local_spark import LOOPBACK_CONF, local_argv
 from include.spark_submit import STAGE_FILES, STAGES
 from spark_jobs.lib import lake, memory
 from spark_jobs.lib.config import REPO_ROOT, ConfigError
@@ -183,7 +183,8 @@ def test_local_and_emr_run_the_same_applications_with_the_same_arguments(tmp_pat
     local_config = load_config(overrides=["target=local", f"lake={tmp_path / 'lake'}"])
     local_run, emr_run = lake.run_dir(local_config, RUN_ID), lake.run_dir(config, RUN_ID)
     code_dir = tmp_path / "code"
-    resources = emr.train_resources(config) | emr.cluster_parallelism(config)
+    # The targets' own settings: EMR's executor sizing, and locally Spark's loopback addresses.
+    resources = emr.train_resources(config) | emr.cluster_parallelism(config) | LOOPBACK_CONF
     for stage in STAGES:
         local = local_argv(stage, local_config, local_run, code_dir)
         remote = emr.stage_step(stage, config, RUN_ID)["HadoopJarStep"]["Args"][3:]  # after the time limit

@@ -2,7 +2,7 @@
 
 import pytest
 
-from spark_jobs.lib import preflight
+from include import preflight
 from spark_jobs.lib.config import ConfigError
 from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError

@@ -1,7 +1,8 @@
 """The check before a run starts, one for every way to start one (the DAG's validate_config, the
 stage runner, `make run`): the corpus fits the windows and the validation split, the run's windows
 and TFRecords fit the lake (on EMR each core node's volume), and training fits a worker's memory on
-this machine (target local; for EMR include/emr_tasks.py checks it against the core node type).
+this machine (target local; for EMR include/emr_tasks.py checks it against the core node type),
+and local training can keep its TensorFlow workers off the network (include/local_spark.py).
 
 The caller lists the corpus (from the lake, or through an S3 hook on EMR) and reports the errors:
 each raises PipelineError (ConfigError) naming the settings to change.
@@ -12,18 +13,21 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
+from include import local_spark
 from spark_jobs.lib import corpus, memory, storage
 from spark_jobs.lib.config import PipelineConfig
 
 
 @dataclass(frozen=True)
 class RunCheck:
-    """What the checks found: the corpus's files and bytes, and a local training worker's memory
-    estimate (memory.describe words it), None where not checked."""
+    """What the checks found: the corpus's files and bytes, a local training worker's memory
+    estimate (memory.describe words it), None where not checked; and the warning of a local run
+    that accepts training workers exposed to the network (local.allow_exposed_workers)."""
 
     corpus_files: int | None = None
     corpus_bytes: int | None = None
     training: dict[str, float] | None = None
+    exposure: str | None = None
 
 
 def check_run(config: PipelineConfig, sizes: dict[str, int] | None, stages: Collection[str] | None = None) -> RunCheck:
@@ -41,5 +45,6 @@ def check_run(config: PipelineConfig, sizes: dict[str, int] | None, stages: Coll
             storage.check_lake_room(config, sizes)
         found = RunCheck(corpus_files=len(sizes), corpus_bytes=sum(sizes.values()))
     if config.target == "local" and (stages is None or "train" in stages):
-        found = replace(found, training=memory.check_local_training(config))
+        training = memory.check_local_training(config)
+        found = replace(found, training=training, exposure=local_spark.exposure_warning(config))
     return found

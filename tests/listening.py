@@ -1,0 +1,92 @@
+"""The listening TCP sockets of processes (Linux /proc), and this machine's own network addresses,
+for the tests of what a local run listens on."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+LISTEN = "0A"
+SIOCGIFADDR = 0x8915
+
+
+@dataclass(frozen=True)
+class Listening:
+    pid: int
+    name: str
+    address: str
+    port: int
+    netns: str  # the network namespace the socket is in (/proc/PID/ns/net)
+
+    @property
+    def loopback(self) -> bool:
+        address = ipaddress.ip_address(self.address)
+        mapped = getattr(address, "ipv4_mapped", None)
+        return (mapped or address).is_loopback
+
+
+def _address(hex_address: str) -> str:
+    """/proc/net/tcp{,6}'s address: 32-bit words in the host's (little-endian) byte order."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[index : index + 4][::-1] for index in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(words))
+
+
+def listening_sockets(pid: int | None = None) -> list[Listening]:
+    """The TCP sockets process `pid` (this one by default) listens on. Read per process: a process
+    in another network namespace has its own /proc/PID/net/tcp."""
+    pid = os.getpid() if pid is None else pid
+    proc = Path(f"/proc/{pid}")
+    try:
+        inodes = set()
+        for fd in (proc / "fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:[") : -1])
+        name = (proc / "comm").read_text().strip()
+        netns = os.readlink(proc / "ns" / "net")
+        tables = [(proc / "net" / table).read_text().splitlines()[1:] for table in ("tcp", "tcp6")]
+    except OSError:  # the process has ended meanwhile, or is not ours to read
+        return []
+    found = []
+    for rows in tables:
+        for row in rows:
+            fields = row.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == LISTEN and inode in inodes:
+                address, port = local.rsplit(":", 1)
+                found.append(Listening(pid, name, _address(address), int(port, 16), netns))
+    return found
+
+
+def interfaces(pid: int | None = None) -> list[str]:
+    """The network interfaces of the namespace process `pid` (this one by default) is in."""
+    rows = Path(f"/proc/{os.getpid() if pid is None else pid}/net/dev").read_text().splitlines()[2:]
+    return sorted(row.split(":", 1)[0].strip() for row in rows)
+
+
+def machine_addresses() -> list[str]:
+    """This machine's own addresses other than loopback (IPv4, and global IPv6): a port reachable
+    through one of them is reachable from the network."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as handle:
+        for _, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):  # an interface without an IPv4 address
+                request = struct.pack("256s", name.encode()[:15])
+                address = socket.inet_ntoa(fcntl.ioctl(handle, SIOCGIFADDR, request)[20:24])
+                if not ipaddress.ip_address(address).is_loopback:
+                    found.append(address)
+    with contextlib.suppress(OSError):
+        for row in Path("/proc/net/if_inet6").read_text().splitlines():
+            hex_address, scope = row.split()[0], row.split()[3]
+            address = ipaddress.ip_address(bytes.fromhex(hex_address))
+            if scope == "00" and not address.is_loopback:  # global scope (link-local needs an interface)
+                found.append(str(address))
+    return found
