@@ -35,7 +35,7 @@ CONTAINER_ROOT = "/opt/airflow"
 AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
 ONE_SHOT_SERVICES = ("airflow-init", "create-bucket")
 STORAGE_SERVICES = ("postgres", "localstack")
-# The last LocalStack image that starts without LOCALSTACK_AUTH_TOKEN (README: Running with Docker Compose).
+# The last LocalStack image that starts without LOCALSTACK_AUTH_TOKEN (docs/docker.md).
 LOCALSTACK_TOKENLESS_IMAGE = "localstack/localstack:4.14.0"
 
 VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)")

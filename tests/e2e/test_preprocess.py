@@ -1,5 +1,5 @@
 """The four preprocessing applications through the real spark-submit, checked against the run-folder
-contract (README, "Preprocessing stages")."""
+contract (docs/preprocessing.md)."""
 
 from __future__ import annotations
 

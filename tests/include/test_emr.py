@@ -252,10 +252,10 @@ def test_the_train_time_limit_counts_the_last_evaluation_at_its_most():
     assert emr.train_budget_steps(config) == 300 + 2 * 10 + 200 == 300 + 20 + config.train.final_eval_max_batches
 
 
-def test_readme_states_the_default_cluster_price():
+def test_the_emr_docs_state_the_default_cluster_price():
     cost = emr.hourly_cost_usd(load_config())
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert f"${cost:.2f} per hour" in readme
+    docs = (REPO_ROOT / "docs" / "emr.md").read_text()
+    assert f"${cost:.2f} per hour" in docs
 
 
 # --- the Python environment of the EMR nodes ---------------------------------------------------

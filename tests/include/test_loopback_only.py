@@ -12,11 +12,11 @@ import textwrap
 
 import pytest
 
-from include import emr, local_spark, loopback_only
+from include import emr, local_spark, loopback_only, preflight
 from include.spark_submit import STAGES
 from local_platform import airflow_runner, stage_runner
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib.config import load_config
+from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError
 from tests.listening import listening_sockets, machine_addresses
 
@@ -125,8 +125,8 @@ def test_without_namespaces_training_stops_before_it_starts_naming_the_reason_an
 
 def test_without_namespaces_the_local_runner_stops_before_any_stage(no_namespaces, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(stage_runner, "run_pipeline", lambda *args: pytest.fail("a stage ran"))
-    monkeypatch.setattr(stage_runner.memory, "check_local_training", lambda config: {})
-    monkeypatch.setattr(stage_runner.storage, "check_lake_room", lambda config, sizes: None)
+    monkeypatch.setattr(preflight.memory, "check_local_training", lambda config: {})
+    monkeypatch.setattr(preflight.storage, "check_lake_room", lambda config, sizes: None)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("To be, or not to be, that is the question.\n" * 2000, encoding="utf-8")
     assert stage_runner.main(["--corpus", str(corpus), "--set", f"lake={tmp_path / 'lake'}"]) == 2
