@@ -265,8 +265,31 @@ def ui(config: PipelineConfig) -> int:
             # One local user: no login page; the API server listens on loopback only. Setting the
             # variable to False brings back the login page (user admin, password in airflow_home/).
             env.setdefault("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "True")
+            env["PATH"] = os.pathsep.join([str(components_without_log_servers(AIRFLOW_HOME)), env["PATH"]])
             print(f"Airflow UI: {api} (DAG {DAG_ID}); S3 (moto): {s3.endpoint_url}; Ctrl-C stops both", flush=True)
             return serve(env)
+
+
+# The scheduler and the triggerer each start a log server on every interface (ports 8793 and 8794;
+# Airflow has no setting for its address). On one machine the API server reads the task logs from
+# their files, so `airflow standalone`'s components run without them.
+AIRFLOW_WITHOUT_LOG_SERVERS = """#!/bin/sh
+case "$1" in
+  scheduler|triggerer) exec "{airflow}" "$@" --skip-serve-logs ;;
+esac
+exec "{airflow}" "$@"
+"""
+
+
+def components_without_log_servers(home: Path) -> Path:
+    """A folder whose `airflow` starts the scheduler and the triggerer without their log servers:
+    `airflow standalone` starts its components as `airflow ...` from the PATH."""
+    folder = home / "bin"
+    folder.mkdir(parents=True, exist_ok=True)
+    wrapper = folder / "airflow"
+    wrapper.write_text(AIRFLOW_WITHOUT_LOG_SERVERS.format(airflow=AIRFLOW))
+    wrapper.chmod(0o755)
+    return folder
 
 
 def check_loopback(host: str) -> None:

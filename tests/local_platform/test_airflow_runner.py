@@ -22,6 +22,7 @@ from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, read_yaml
 from spark_jobs.lib.overrides import apply_overrides
+from tests.listening import listening_sockets
 
 HOLD = """
 import sys, time
@@ -257,6 +258,14 @@ def processes_in_session(session_id: int) -> list[str]:
     return [line for line in listing.splitlines() if line.split(None, 1)[0] == str(session_id)]
 
 
+def exposed_sockets(session_id: int) -> list:
+    """The sockets the session's processes listen on beyond loopback, on this machine's network
+    (the train stage's, in a private network namespace that holds only loopback, are not)."""
+    ours = os.readlink("/proc/self/ns/net")
+    pids = [int(line.split()[1]) for line in processes_in_session(session_id)]
+    return [found for pid in pids for found in listening_sockets(pid) if not found.loopback and found.netns == ours]
+
+
 def run_states(home: Path) -> list[str]:
     with sqlite3.connect(home / "airflow.db") as db:
         return [state for (state,) in db.execute("SELECT state FROM dag_run ORDER BY id")]
@@ -364,6 +373,7 @@ def test_make_airflow_stops_with_a_task_running_and_leaves_no_process(tmp_path, 
     try:
         trigger(home, {"corpus": str(shakespeare_slice), "overrides": [f"lake={home / 'lake'}", "train.max_steps=20"]})
         wait_for_a_running_stage(process, log)
+        assert exposed_sockets(process.pid) == [], "a socket of `make airflow` listens beyond loopback"
         stop_command(process, how)
         assert process.wait(timeout=airflow_runner.STANDALONE_GRACE_S + 60) == 0
         deadline = time.monotonic() + 30
