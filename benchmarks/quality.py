@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from include.local_spark import submit_stage
 from include.spark_submit import PREPROCESSING_STAGES, packaged_code  # noqa: E402
 from local_platform.stage_runner import run_pipeline  # noqa: E402
-from spark_jobs.lib import lake  # noqa: E402
+from spark_jobs.lib import lake, run_folder  # noqa: E402
 from spark_jobs.lib.config import add_set_argument, load_config, to_uri  # noqa: E402
 
 
@@ -45,8 +45,8 @@ def main() -> None:
             )
             run = clone_run(base, f"{workers}w", worker_config)
             submit_stage("train", worker_config, run, code_dir)
-            rows.append((workers, lake.read_json(lake.stats_uri(run, "train"))))
-    export = lake.read_json(lake.join(base, lake.MANIFEST_PATH))
+            rows.append((workers, lake.read_json(run_folder.stats_uri(run, "train"))))
+    export = lake.read_json(lake.join(base, run_folder.MANIFEST_PATH))
     train = config.train
     print(
         f"\nconfig: vocab {export['vocab_size']}, block {config.data.block_size}, stride {config.data.stride}, "
@@ -69,7 +69,7 @@ def clone_run(run: str, suffix: str, config) -> str:
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("model", "checkpoints", "train.json", "epochs.csv"))
     uri = to_uri(str(target))
-    lake.write_text(lake.join(uri, lake.CONFIG_FILE), config.to_json())
+    lake.write_text(lake.join(uri, run_folder.CONFIG_FILE), config.to_json())
     return uri
 
 

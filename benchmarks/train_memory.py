@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include.spark_submit import PREPROCESSING_STAGES  # noqa: E402
 from local_platform.stage_runner import run_pipeline  # noqa: E402
-from spark_jobs.lib import lake, memory  # noqa: E402
+from spark_jobs.lib import lake, memory, run_folder  # noqa: E402
 from spark_jobs.lib.config import SHARED_CORPUS, load_config  # noqa: E402
 
 SHORT_TRAINING = [
@@ -65,7 +65,7 @@ def measure(corpus: Path, overrides: list[str], scratch: Path) -> tuple[dict, fl
     run = run_pipeline(config, "memory", STAGES)
     rows = list(csv.DictReader(io.StringIO(lake.read_text(lake.join(run, "stats", "epochs.csv")))))
     peak = max(float(row["process_memory_max_mb"]) for row in rows)
-    vocab = lake.read_json(lake.join(run, lake.MANIFEST_PATH))["vocab_size"]
+    vocab = lake.read_json(lake.join(run, run_folder.MANIFEST_PATH))["vocab_size"]
     return memory.worker_peak_mb(config, vocab), peak, vocab
 
 

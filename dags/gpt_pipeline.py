@@ -55,7 +55,7 @@ from include.collect import (
 )
 from include.schedule import cron_timetable
 from include.spark_submit import STAGES, packaged_code
-from spark_jobs.lib import corpus, lake, memory, storage
+from spark_jobs.lib import corpus, corpus_files, lake, memory, run_folder, storage
 from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import (
     DAG_SETTINGS,
@@ -128,11 +128,11 @@ def validate_config() -> str:
 
     config, run_id = form_config()
     check_bucket(S3Hook(aws_conn_id=AWS_CONN_ID), config.s3.bucket, "s3.bucket")  # collect's, before any Spark runs
-    sizes = lake.corpus_files(config)
+    sizes = corpus_files.corpus_files(config)
     check_corpus(config, sizes)
     storage.check_lake_room(config, sizes)
     log.info("training: %s", memory.describe(memory.check_local_training(config)))
-    run_dir = lake.create_run(config, run_id)
+    run_dir = run_folder.create_run(config, run_id)
     log.info("run folder: %s", run_dir)
     return run_dir
 
@@ -155,7 +155,7 @@ def require_run_folder(run_dir: str, hook) -> None:
     """A run folder that is gone fails the task without its retry, which would fail the same way
     and hold the one active run meanwhile: keep_runs removes older collected runs, whose tasks may
     still be cleared in the UI."""
-    if not RunFolder(run_dir, hook).has(lake.CONFIG_FILE):
+    if not RunFolder(run_dir, hook).has(run_folder.CONFIG_FILE):
         raise AirflowFailException(
             f"run folder {run_dir} is gone (keep_runs removes older collected runs) or was never made: "
             "trigger a new run instead"
@@ -175,7 +175,7 @@ def run_local_stage(stage: str, run_dir: str) -> dict:
             if error.bad_input:  # fail without the retry, which would stop on the same input
                 raise AirflowFailException(str(error)) from error
             raise
-    return local_spark.headline(lake.read_json(lake.stats_uri(run_dir, stage)))
+    return local_spark.headline(lake.read_json(run_folder.stats_uri(run_dir, stage)))
 
 
 @task

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from include import locks
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.config import PipelineConfig, from_json
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.train_state import MODEL_DIR
@@ -27,9 +27,9 @@ from spark_jobs.lib.train_state import MODEL_DIR
 log = logging.getLogger(__name__)
 
 AWS_CONN_ID = "aws_default"
-RECORD_FILES = (lake.CONFIG_FILE, lake.SAMPLES_PATH)
+RECORD_FILES = (run_folder.CONFIG_FILE, run_folder.SAMPLES_PATH)
 RECORD_FOLDERS = ("stats/", f"{MODEL_DIR}/")
-REPORT_JSON, REPORT_TEXT = lake.REPORT_JSON, lake.REPORT_TEXT
+REPORT_JSON, REPORT_TEXT = run_folder.REPORT_JSON, run_folder.REPORT_TEXT
 LATEST_FOLDER = "latest"
 REMOVING = "REMOVING"  # in a run folder that prune_runs has begun to remove
 
@@ -66,7 +66,7 @@ class RunFolder:
         return json.loads(self.read(relative))
 
     def config(self) -> PipelineConfig:
-        return from_json(self.read(lake.CONFIG_FILE).decode("utf-8"))
+        return from_json(self.read(run_folder.CONFIG_FILE).decode("utf-8"))
 
     def write(self, relative: str, data: bytes) -> None:
         uri = lake.join(self.uri, relative)
@@ -126,7 +126,7 @@ def record_files(run: RunFolder) -> list[str]:
 
 def build_report(run: RunFolder, s3_uri: str, stages: tuple[str, ...]) -> dict:
     stats = {stage: run.read_json(f"stats/{stage}.json") for stage in stages}
-    config = run.read_json(lake.CONFIG_FILE)
+    config = run.read_json(run_folder.CONFIG_FILE)
     train = stats["train"]
     return {
         "run": run.name,
@@ -146,7 +146,7 @@ def build_report(run: RunFolder, s3_uri: str, stages: tuple[str, ...]) -> dict:
         "warnings": [f"[{stage}] {message}" for stage in stages for message in stats[stage].get("warnings", [])],
         "train": train,
         "evaluations": evaluations(run.read("stats/epochs.csv").decode("utf-8")),
-        "sample": run.read(lake.SAMPLES_PATH).decode("utf-8"),
+        "sample": run.read(run_folder.SAMPLES_PATH).decode("utf-8"),
     }
 
 
@@ -314,9 +314,9 @@ def latest_run(config, hook) -> str | None:
 def collected_lineage(run: RunFolder) -> tuple[str, list[str]] | None:
     """The run name and corpus of a run folder collect finished (with a report), else None: the
     retrainings keep_runs counts share both (two corpora may share a default run name, input.txt's)."""
-    if not (run.has(REPORT_JSON) and run.has(lake.CONFIG_FILE)):
+    if not (run.has(REPORT_JSON) and run.has(run_folder.CONFIG_FILE)):
         return None
-    config = run.read_json(lake.CONFIG_FILE)
+    config = run.read_json(run_folder.CONFIG_FILE)
     return config.get("run_name"), config.get("corpus")
 
 
@@ -362,7 +362,7 @@ def promote_record(record_uri: str, hook) -> dict:
     if not hook.check_for_key(posixpath.join(prefix, REPORT_JSON), bucket_name=bucket):
         raise PipelineError(f"record {record_uri} has no {REPORT_JSON}: collect did not finish")
     report = read(posixpath.join(prefix, REPORT_JSON))  # written last by collect: the record is whole
-    config = from_json(hook.read_key(posixpath.join(prefix, lake.CONFIG_FILE), bucket_name=bucket))
+    config = from_json(hook.read_key(posixpath.join(prefix, run_folder.CONFIG_FILE), bucket_name=bucket))
     key = latest_key(config)
     current = read(key) if hook.check_for_key(key, bucket_name=bucket) else None
     candidate = {

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from include.spark_submit import STAGES, packaged_code, spark_submit_argv
-from spark_jobs.lib import lake, memory
+from spark_jobs.lib import corpus_files, lake, memory, run_folder
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig, defaults_path
 from spark_jobs.lib.errors import PipelineError
 
@@ -42,7 +42,7 @@ def read_template() -> dict:
 
 
 def code_uri(config: PipelineConfig, run_id: str) -> str:
-    return lake.join(config.emr.code_prefix, lake.safe_run_id(run_id))
+    return lake.join(config.emr.code_prefix, run_folder.safe_run_id(run_id))
 
 
 def instance_type(config: PipelineConfig, field: str, template: dict | None = None) -> dict:
@@ -81,10 +81,10 @@ def job_flow_overrides(config: PipelineConfig, run_id: str) -> dict:
     template = read_template()
     instance_type(config, "master_instance_type", template)
     instance_type(config, "core_instance_type", template)
-    tags = {**config.emr.tags, "run_id": lake.safe_run_id(run_id)}
+    tags = {**config.emr.tags, "run_id": run_folder.safe_run_id(run_id)}
     values = {f"emr.{key}": value for key, value in config.emr.model_dump().items()}
     values |= {
-        "run_id": lake.safe_run_id(run_id),
+        "run_id": run_folder.safe_run_id(run_id),
         "code_uri": code_uri(config, run_id),
         "venv": template["venv"],
         "core_market": "SPOT" if config.emr.core_spot else "ON_DEMAND",
@@ -147,7 +147,7 @@ def stage_step(stage: str, config: PipelineConfig, run_id: str) -> dict:
         stage,
         config,
         code_uri=code_uri(config, run_id),
-        run_dir=lake.run_dir(config, run_id),
+        run_dir=run_folder.run_dir(config, run_id),
         master=MASTER,
         deploy_mode=DEPLOY_MODE,
         resources=train_resources(config) if stage == "train" else cluster_parallelism(config),
@@ -279,11 +279,11 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
 
 def corpus_objects(config: PipelineConfig, s3_hook) -> dict[str, int]:
     """Every corpus object on S3 with its size, matched as the tokenize stage matches them
-    (lake.expand: an object, a folder's objects, or globs), or a PipelineError naming the pattern
+    (corpus_files.expand: an object, a folder's objects, or globs), or a PipelineError naming the pattern
     that matched nothing: checked before a cluster is created."""
     found = {}
     for pattern in config.corpus:
-        folder, globs = lake.split_glob(pattern)
+        folder, globs = corpus_files.split_glob(pattern)
         # A name holding a glob's characters ('Hamlet [1603].txt') is taken as it is when it exists.
         matched = matching_objects(s3_hook, pattern, []) if globs else {}
         matched = matched or matching_objects(s3_hook, folder, globs)
@@ -305,7 +305,7 @@ def matching_objects(s3_hook, folder: str, globs: list[str]) -> dict[str, int]:
         if key == prefix and not globs:
             return {f"s3://{bucket}/{key}": item["Size"]}
         below = not prefix or key.startswith(prefix + "/")
-        if below and not key.endswith("/") and lake.matches(relative.split("/"), globs or ["**"]):
+        if below and not key.endswith("/") and corpus_files.matches(relative.split("/"), globs or ["**"]):
             matched[f"s3://{bucket}/{key}"] = item["Size"]
     return matched
 
@@ -320,5 +320,5 @@ def upload_run(config: PipelineConfig, run_id: str, s3_client) -> None:
         for name, path in sorted(files.items()):
             bucket, key = split_s3_uri(lake.join(code, name))
             s3_client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
-    bucket, key = split_s3_uri(lake.join(lake.run_dir(config, run_id), lake.CONFIG_FILE))
+    bucket, key = split_s3_uri(lake.join(run_folder.run_dir(config, run_id), run_folder.CONFIG_FILE))
     s3_client.put_object(Bucket=bucket, Key=key, Body=config.to_json().encode("utf-8"))

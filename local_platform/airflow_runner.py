@@ -33,7 +33,7 @@ from include.schedule import cron_timetable
 from include.spark_submit import STAGES
 from local_platform import process_tree
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib import corpus, lake, memory, storage
+from spark_jobs.lib import corpus, corpus_files, lake, memory, run_folder, storage
 from spark_jobs.lib.config import (
     DAG_SETTINGS,
     REPO_ROOT,
@@ -203,7 +203,7 @@ def stage_error(config: PipelineConfig, new_folders: set[str]) -> str:
     for name in new_folders:
         folder = lake.join(config.lake, "runs", name)
         for stage in STAGES:
-            uri = lake.join(folder, lake.error_path(stage))
+            uri = lake.join(folder, run_folder.error_path(stage))
             if lake.exists(uri):
                 return f" in stage {stage}: {lake.read_json(uri)['error']}"
     return "; see the task logs above"
@@ -225,7 +225,7 @@ def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterabl
         )
     print(f"generated sample:\n{report['sample']}")
     model = shlex.quote(lake.local_path(report["run_folder"]) + "/model")
-    prompt = shlex.quote(lake.read_json(lake.join(report["run_folder"], lake.CONFIG_FILE))["generate"]["prompt"])
+    prompt = shlex.quote(lake.read_json(lake.join(report["run_folder"], run_folder.CONFIG_FILE))["generate"]["prompt"])
     print(f"\nmore samples:     .venv/bin/python -m spark_jobs.generate --model-dir {model} --prompt {prompt}")
 
 
@@ -359,7 +359,7 @@ def warn_unusable_corpus(config: PipelineConfig) -> None:
     """Say so when the default corpus would fail a run: the UI still starts, for runs that name
     another corpus in the trigger form."""
     try:
-        corpus.check_fits(config, lake.corpus_files(config))
+        corpus.check_fits(config, corpus_files.corpus_files(config))
     except PipelineError as error:
         print(
             f"WARNING {error}: a run needs another corpus in the trigger form, or {defaults_path().name}'s",
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "ui":
             warn_unusable_corpus(config)
             return ui(config)
-        sizes = lake.corpus_files(config)
+        sizes = corpus_files.corpus_files(config)
         corpus.check_fits(config, sizes)
         memory.check_local_training(config)
         storage.check_lake_room(config, sizes)

@@ -17,7 +17,7 @@ from pathlib import Path
 from include import locks
 from include.local_spark import StageFailed, headline, submit_stage
 from include.spark_submit import STAGES, packaged_code
-from spark_jobs.lib import corpus, lake, memory, storage
+from spark_jobs.lib import corpus, corpus_files, lake, memory, run_folder, storage
 from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import (
     ConfigError,
@@ -54,7 +54,7 @@ def figure(value) -> str:
 
 def run_pipeline(config: PipelineConfig, run_id: str, stages: tuple[str, ...] | None = None) -> str:
     stages = STAGES if stages is None else stages
-    run_dir = lake.create_run(config, run_id)
+    run_dir = run_folder.create_run(config, run_id)
     with packaged_code() as code_dir:
         for stage in stages:
             print(f"== {stage}", flush=True)
@@ -96,7 +96,7 @@ def new_run_id(config: PipelineConfig, name: str) -> str:
     is made here, at once, so that two commands never share one."""
     for number in itertools.count(1):
         run_id = name if number == 1 else f"{name}-{number}"
-        folder = Path(lake.local_path(lake.run_dir(config, run_id)))
+        folder = Path(lake.local_path(run_folder.run_dir(config, run_id)))
         folder.parent.mkdir(parents=True, exist_ok=True)
         try:
             folder.mkdir()
@@ -137,7 +137,7 @@ def existing_run_config(config_path: str | None, overrides: list, run_id: str) -
         lake_uri = to_uri(str(settings.get("lake") or ""))
     except ValueError:
         return None  # a bad lake: the config model names it
-    uri = lake.join(lake_uri, "runs", lake.safe_run_id(run_id), lake.CONFIG_FILE)
+    uri = lake.join(lake_uri, "runs", run_folder.safe_run_id(run_id), run_folder.CONFIG_FILE)
     return json.loads(lake.read_text(uri)) if lake.exists(uri) else None
 
 
@@ -159,16 +159,18 @@ def main(argv: list[str] | None = None) -> int:
                 "target emr runs from the DAG; to run here, add --set target=local --set lake=lake"
             )
         stages = chosen_stages(args.stages)
-        if not (args.run_id and lake.exists(lake.join(lake.run_dir(config, args.run_id), lake.CONFIG_FILE))):
+        if not (
+            args.run_id and lake.exists(lake.join(run_folder.run_dir(config, args.run_id), run_folder.CONFIG_FILE))
+        ):
             check_new_run_has_inputs(stages, args.run_id)
         if "tokenize" in stages:
-            sizes = lake.corpus_files(config)
+            sizes = corpus_files.corpus_files(config)
             corpus.check_fits(config, sizes)
             storage.check_lake_room(config, sizes)
         if "train" in stages:
             memory.check_local_training(config)
         run_id = args.run_id or new_run_id(config, f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")
-        with locks.run_folder_held(lake.run_dir(config, run_id), "python -m local_platform.stage_runner"):
+        with locks.run_folder_held(run_folder.run_dir(config, run_id), "python -m local_platform.stage_runner"):
             run_dir = run_pipeline(config, run_id, stages)
     except (PipelineError, StageFailed) as error:
         print(f"ERROR {error}", file=sys.stderr)
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(f"run folder: {run_dir}")
     for stage in stages:
-        print("\n".join(describe(stage, lake.read_json(lake.stats_uri(run_dir, stage)))))
+        print("\n".join(describe(stage, lake.read_json(run_folder.stats_uri(run_dir, stage)))))
     return 0
 
 

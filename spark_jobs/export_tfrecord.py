@@ -19,7 +19,7 @@ from __future__ import annotations
 import posixpath
 import time
 
-from spark_jobs.lib import lake, parts, tfrecord
+from spark_jobs.lib import lake, parts, run_folder, tfrecord
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage
 from spark_jobs.lib.windows import SPLITS
@@ -92,8 +92,8 @@ def write_shards(staging: str, shards: int):
 
 def body(spark, config, run: str) -> dict:
     sc = spark.sparkContext
-    tokenize = lake.require_stage(run, "tokenize")
-    window = lake.require_stage(run, "window")
+    tokenize = run_folder.require_stage(run, "tokenize")
+    window = run_folder.require_stage(run, "window")
     block_size, shards = config.data.block_size, config.data.shards
     final = lake.join(run, "tfrecords")
     staging = lake.join(run, "_staging", "export")
@@ -142,7 +142,7 @@ def body(spark, config, run: str) -> dict:
         "num_shards": shards,
         "splits": splits,
     }
-    manifest_uri = lake.join(run, lake.MANIFEST_PATH)
+    manifest_uri = lake.join(run, run_folder.MANIFEST_PATH)
     lake.write_json(manifest_uri, manifest)
     timings["publish_s"] = time.perf_counter() - started
     return {

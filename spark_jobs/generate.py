@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spark_jobs.lib import bpe, lake
+from spark_jobs.lib import bpe, lake, run_folder
 from spark_jobs.lib.config import GenerateConfig, PipelineConfig, load_config, to_uri
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage
@@ -124,10 +124,10 @@ def samples(model, tokenizer, settings: GenerateConfig) -> str:
 
 
 def generate_stage(spark, config: PipelineConfig, run: str) -> dict:
-    lake.require_stage(run, "train")
+    run_folder.require_stage(run, "train")
     model, tokenizer = load_model(lake.join(run, MODEL_DIR))
     text = samples(model, tokenizer, config.generate)
-    lake.write_text(lake.join(run, lake.SAMPLES_PATH), text + "\n")
+    lake.write_text(lake.join(run, run_folder.SAMPLES_PATH), text + "\n")
     print(text, flush=True)
     return {
         "prompt": config.generate.prompt,

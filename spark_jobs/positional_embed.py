@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from spark_jobs.lib import embeddings, lake, parts
+from spark_jobs.lib import embeddings, lake, parts, run_folder
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage
 
@@ -91,8 +91,8 @@ def word2vec_vectors(spark, config, run: str, train_windows: int) -> tuple[dict[
 
 
 def body(spark, config, run: str) -> dict:
-    tokenize = lake.require_stage(run, "tokenize")
-    window = lake.require_stage(run, "window")
+    tokenize = run_folder.require_stage(run, "tokenize")
+    window = run_folder.require_stage(run, "window")
     vocab_size, dim, block_size = config.tokenizer.vocab_size, config.embedding.dim, config.data.block_size
     settings = config.embedding.word2vec
     learned, word2vec, timings = {}, {"enabled": settings.enabled}, {}

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from spark_jobs.lib import lake, train_data, train_state, trainer
+from spark_jobs.lib import run_folder, train_data, train_state, trainer
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage, warn
@@ -32,7 +32,7 @@ PR_SET_PDEATHSIG = 1
 
 def train(spark, config: PipelineConfig, run: str) -> dict:
     for stage in ("tokenize", "positional_embed", "export"):
-        lake.require_stage(run, stage)
+        run_folder.require_stage(run, stage)
     train_data.read_manifest(run, config)  # bad input fails here, before any worker starts
     warnings = settings_warnings(config)
     for message in warnings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.windows import SPLITS, check_enough_windows
@@ -13,7 +13,7 @@ from spark_jobs.lib.windows import SPLITS, check_enough_windows
 
 def read_manifest(run: str, config: PipelineConfig) -> dict:
     """The export manifest, checked against the config the model will be built from."""
-    uri = lake.join(run, lake.MANIFEST_PATH)
+    uri = lake.join(run, run_folder.MANIFEST_PATH)
     manifest = lake.read_json(uri)
     missing = [key for key in ("block_size", "vocab_size", "num_shards", "splits") if key not in manifest]
     if missing:

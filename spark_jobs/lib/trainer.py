@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from spark_jobs.lib import embeddings, lake, memory, train_data, train_state
+from spark_jobs.lib import embeddings, lake, memory, run_folder, train_data, train_state
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import load_run_config
@@ -278,7 +278,7 @@ class Worker:
             "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         try:
-            lake.write_json(lake.join(self.run, lake.progress_path("train")), progress)
+            lake.write_json(lake.join(self.run, run_folder.progress_path("train")), progress)
         except OSError as error:  # progress is for watching: a failed write must not stop training
             print(f"[train] progress not written: {error}", flush=True)
 
@@ -338,7 +338,7 @@ class Worker:
         }
 
     def save(self) -> None:
-        tokenizer = lake.read_bytes(lake.join(self.run, lake.TOKENIZER_PATH))
+        tokenizer = lake.read_bytes(lake.join(self.run, run_folder.TOKENIZER_PATH))
         train_state.save_model(self.run, self.model, tokenizer, self.is_chief)
 
 

@@ -26,7 +26,7 @@ from moto.server import ThreadedMotoServer
 
 from include import emr
 from include.spark_submit import STAGES, package_code
-from spark_jobs.lib import lake, stage
+from spark_jobs.lib import lake, run_folder, stage
 from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, REPO_ROOT, apply_overrides, load_config, read_yaml
 
 REGION = "us-east-1"
@@ -184,9 +184,9 @@ class Cluster(threading.Thread):
             stage.record_error(run_dir, stage_name, message, bad_input=self.bad_input)
             step.state = "FAILED"
         else:
-            outputs = {lake.stats_uri(run_dir, stage_name): b"{}"}
+            outputs = {run_folder.stats_uri(run_dir, stage_name): b"{}"}
             if stage_name == "train":
-                outputs[lake.stats_uri(run_dir, "train")] = json.dumps(TRAIN_STATS).encode()
+                outputs[run_folder.stats_uri(run_dir, "train")] = json.dumps(TRAIN_STATS).encode()
                 outputs[lake.join(run_dir, "stats", "epochs.csv")] = b"epoch,step,val_loss\n1,3,2.5\n"
             if stage_name == "generate":
                 outputs[lake.join(run_dir, "samples.txt")] = b"The man starts with a song"
@@ -201,7 +201,7 @@ class Cluster(threading.Thread):
         """A train step that runs for a few pokes, its progress in the run folder as the stage keeps it."""
         if self.train_started is None:
             self.train_started = time.monotonic()
-            bucket, key = emr.split_s3_uri(lake.join(run_dir, lake.progress_path("train")))
+            bucket, key = emr.split_s3_uri(lake.join(run_dir, run_folder.progress_path("train")))
             self.s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(TRAIN_PROGRESS).encode())
         return time.monotonic() - self.train_started < 8  # a few pokes (1 s apart), with room for a busy machine
 
@@ -309,10 +309,10 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     assert zip_members(s3_bytes(aws, lake.join(code, "spark_jobs.zip"))) == local_zip
     for name, path in emr.RUN_FILES.items():
         assert s3_bytes(aws, lake.join(code, name)) == path.read_bytes()
-    run_dir = lake.run_dir(config, run_id)
-    assert json.loads(s3_bytes(aws, lake.join(run_dir, lake.CONFIG_FILE))) == json.loads(config.to_json())
+    run_dir = run_folder.run_dir(config, run_id)
+    assert json.loads(s3_bytes(aws, lake.join(run_dir, run_folder.CONFIG_FILE))) == json.loads(config.to_json())
     # collect copied the record and wrote the report.
-    report = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{lake.safe_run_id(run_id)}/report.json"))
+    report = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_folder.safe_run_id(run_id)}/report.json"))
     assert report["val_nats_per_char"] == TRAIN_STATS["final_val_nats_per_char"]
     assert report["sample"] == "The man starts with a song"
     # with the cluster's steps, as EMR reported them just before the cluster was terminated
@@ -321,14 +321,14 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
         (stage, "COMPLETED") for stage in STAGES
     ]
     assert report["emr"]["cost_usd_so_far"] >= 0 and all(step["seconds"] is not None for step in report["emr"]["steps"])
-    report_md = s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{lake.safe_run_id(run_id)}/report.md").decode()
+    report_md = s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_folder.safe_run_id(run_id)}/report.md").decode()
     assert (
         f"## EMR\n\nCluster {cluster['Id']} ({config.emr.release_label})" in report_md
         and "| train | COMPLETED |" in report_md
     )
     # promote pointed the run name's latest pointer at the collected model.
     pointer = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/latest/{config.run_name}.json"))
-    assert pointer["model"] == report["s3_uri"] + "model/" and pointer["run"] == lake.safe_run_id(run_id)
+    assert pointer["model"] == report["s3_uri"] + "model/" and pointer["run"] == run_folder.safe_run_id(run_id)
     ((asset_uri, extra),) = asset_events(dag_run)
     assert asset_uri == f"s3://{BUCKET}/{config.s3.prefix}/latest" and extra["pointer"] == pointer
 
@@ -431,9 +431,9 @@ def test_a_retried_step_does_not_report_the_previous_trys_error_as_its_own(airfl
 
     assert dag_run.state == "success", states
     config = load_config(overrides=OVERRIDES)
-    run_dir = lake.run_dir(config, f"{config.run_name}-{dag_run.run_id}")
+    run_dir = run_folder.run_dir(config, f"{config.run_name}-{dag_run.run_id}")
     with pytest.raises(aws["s3"].exceptions.NoSuchKey):
-        s3_bytes(aws, lake.join(run_dir, lake.error_path("window")))
+        s3_bytes(aws, lake.join(run_dir, run_folder.error_path("window")))
 
 
 def test_a_cluster_that_could_not_be_terminated_fails_the_run(airflow_db, aws, monkeypatch):

@@ -18,7 +18,7 @@ import pytest
 from include.spark_submit import STAGES
 from local_platform.airflow_runner import AIRFLOW, DAG_ID, prepare
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.config import REPO_ROOT, load_config
 
 BUCKET = load_config().s3.bucket
@@ -164,7 +164,7 @@ def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airfl
     assert tasks == {task_id: "success" for task_id in ["validate_config", *STAGES, "collect", "promote", "prune_runs"]}
 
     client = s3.client()
-    prefix = f"runs/{lake.safe_run_id(f'e2e-{run_id}')}/"
+    prefix = f"runs/{run_folder.safe_run_id(f'e2e-{run_id}')}/"
     keys = {item["Key"][len(prefix) :] for item in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]}
     read = lambda name: client.get_object(Bucket=BUCKET, Key=prefix + name)["Body"].read()  # noqa: E731
     expected = {"config.json", "samples.txt", "report.json", "report.md", "stats/epochs.csv", "stats/train.json"}
@@ -189,9 +189,9 @@ def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airfl
     assert report["sample"] == sample
     assert [row["step"] for row in report["evaluations"]] == [int(row["step"]) for row in rows]
     assert report["splits"]["train"]["windows"] > 0 and report["model"]["n_layer"] == config["model"]["n_layer"]
-    run_folder = lake.run_dir(load_config(overrides=[{"lake": str(tmp_path / "lake")}]), f"e2e-{run_id}")
-    assert lake.read_text(lake.join(run_folder, "report.md")) == read("report.md").decode()
-    assert sorted(path.name for path in (tmp_path / "lake" / "runs").iterdir()) == [run_folder.rsplit("/", 1)[1]]
+    run = run_folder.run_dir(load_config(overrides=[{"lake": str(tmp_path / "lake")}]), f"e2e-{run_id}")
+    assert lake.read_text(lake.join(run, "report.md")) == read("report.md").decode()
+    assert sorted(path.name for path in (tmp_path / "lake" / "runs").iterdir()) == [run.rsplit("/", 1)[1]]
 
     # promote pointed the run name's latest pointer at this model and updated the model asset.
     pointer = json.loads(client.get_object(Bucket=BUCKET, Key="runs/latest/e2e.json")["Body"].read())

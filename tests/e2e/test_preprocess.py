@@ -13,7 +13,7 @@ import pytest
 
 from include.spark_submit import PREPROCESSING_STAGES, package_code
 from local_platform import stage_runner
-from spark_jobs.lib import corpus, lake, storage
+from spark_jobs.lib import corpus, lake, run_folder, storage
 from spark_jobs.lib.embeddings import sinusoidal
 from tests.conftest import new_run, small_config
 
@@ -83,7 +83,7 @@ def test_tokens_decode_to_the_text_and_ids_fit_the_vocabulary(preprocessed):
     rows = read_folder(lake.join(run, "tokens"))
     assert all(max(row["ids"]) < config.tokenizer.vocab_size and min(row["ids"]) >= 0 for row in rows)
     assert all(len(row["ids"]) == row["n_tokens"] for row in rows)
-    stats = lake.read_json(lake.stats_uri(run, "tokenize"))
+    stats = lake.read_json(run_folder.stats_uri(run, "tokenize"))
     for path, text in texts.items():
         parts = {}
         for split in ("train", "val"):
@@ -112,7 +112,7 @@ def test_windows_follow_the_formula_and_the_sequences(preprocessed):
         assert len(mine) == formula(len(ids), block_size, stride)
         assert [w["start"] for w in mine] == list(range(0, stride * len(mine), stride))
         assert all(w["ids"] == ids[w["start"] : w["start"] + block_size + 1] for w in mine)
-    stats = lake.read_json(lake.stats_uri(run, "window"))
+    stats = lake.read_json(run_folder.stats_uri(run, "window"))
     for split in ("train", "val"):
         indices = sorted(w["idx"] for w in windows if w["split"] == split)
         assert indices == list(range(len(indices))) and len(indices) == stats["splits"][split]["windows"] > 0
@@ -138,8 +138,8 @@ def test_tfrecords_hold_the_windows_and_match_the_manifest(preprocessed):
 
     config, run, _ = preprocessed
     block_size, shards = config.data.block_size, config.data.shards
-    manifest = lake.read_json(lake.join(run, lake.MANIFEST_PATH))
-    tokenize = lake.read_json(lake.stats_uri(run, "tokenize"))
+    manifest = lake.read_json(lake.join(run, run_folder.MANIFEST_PATH))
+    tokenize = lake.read_json(run_folder.stats_uri(run, "tokenize"))
     assert manifest["block_size"] == block_size and manifest["vocab_size"] == config.tokenizer.vocab_size
     assert manifest["num_shards"] == shards
     windows = read_folder(lake.join(run, "windows"))
@@ -149,7 +149,7 @@ def test_tfrecords_hold_the_windows_and_match_the_manifest(preprocessed):
     }
     for split in ("train", "val"):
         info = manifest["splits"][split]
-        window_stats = lake.read_json(lake.stats_uri(run, "window"))
+        window_stats = lake.read_json(run_folder.stats_uri(run, "window"))
         assert info["tokens"] == window_stats["splits"][split]["tokens"] == tokenize["splits"][split]["tokens"]
         assert info["chars"] == tokenize["splits"][split]["chars"]
         assert info["shards"] == [f"{split}/part-{i:05d}.tfrecord" for i in range(shards)]
@@ -187,7 +187,7 @@ def test_a_copied_run_folder_reads_its_own_outputs_even_under_a_path_spark_would
     copied = "file://" + str(copy)
     for stage in PREPROCESSING_STAGES[1:]:
         stage_runner.submit_stage(stage, config, copied, code_dir)
-        assert lake.read_json(lake.stats_uri(copied, stage))["outputs"]
+        assert lake.read_json(run_folder.stats_uri(copied, stage))["outputs"]
     assert (
         json.loads((copy / "tfrecords" / "manifest.json").read_text())["splits"]
         == json.loads(Path(lake.local_path(lake.join(run, "tfrecords", "manifest.json"))).read_text())["splits"]
@@ -216,5 +216,5 @@ def test_a_bad_file_fails_the_application_with_exit_code_2(tmp_path, code_dir, c
         "(byte 0xfc at offset 2); convert it first, from its encoding (iconv -f WINDOWS-1252 -t UTF-8 for "
         "most Western European text); set data.bad_files=skip to leave such files out"
     ]
-    assert not lake.exists(lake.stats_uri(run, "tokenize"))
-    assert lake.read_json(lake.join(run, lake.error_path("tokenize")))["bad_input"] is True
+    assert not lake.exists(run_folder.stats_uri(run, "tokenize"))
+    assert lake.read_json(lake.join(run, run_folder.error_path("tokenize")))["bad_input"] is True

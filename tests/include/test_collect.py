@@ -14,7 +14,7 @@ import pytest
 from include.collect import RunFolder, collect_record, promote_record, remove_old_runs, report_text
 from include.spark_submit import STAGES
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.config import load_config
 from spark_jobs.lib.errors import PipelineError
 
@@ -95,7 +95,7 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     # A run folder on S3 is the EMR target's.
     on_s3 = {"lake": lake_root, "target": "emr"}
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")} if lake_root == "local" else on_s3])
-    run_dir = lake.run_dir(config, f"run-{len(lake_root)}")
+    run_dir = run_folder.run_dir(config, f"run-{len(lake_root)}")
     files = run_files(config.to_json())
     finished_run(s3, run_dir, files)
 
@@ -115,7 +115,7 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     # The run folder keeps the report too, until a stage runs there again.
     assert lake.read_text(lake.join(run_dir, "report.md")) == text
     assert json.loads(lake.read_text(lake.join(run_dir, "report.json"))) == report
-    lake.clear_stage(run_dir, "generate")
+    run_folder.clear_stage(run_dir, "generate")
     assert not lake.exists(lake.join(run_dir, "report.md")) and not lake.exists(lake.join(run_dir, "report.json"))
     assert "Final validation loss: **2.5000 nats/token**, **0.9000 nats/char**." in text
     assert f"- corpus: {config.corpus[0]} (1 file): train 9,000 characters, 4,000 tokens, 60 windows; val 1,000" in text
@@ -192,7 +192,7 @@ def test_a_run_folder_that_cannot_take_the_report_still_gets_a_whole_record(s3, 
     from include import collect
 
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
-    run_dir = lake.run_dir(config, "read-only")
+    run_dir = run_folder.run_dir(config, "read-only")
     finished_run(s3, run_dir, run_files(config.to_json()))
 
     def refuse(self, relative, data):
@@ -206,7 +206,7 @@ def test_a_run_folder_that_cannot_take_the_report_still_gets_a_whole_record(s3, 
 
 def test_an_unfinished_run_is_not_collected(s3, hook, tmp_path):
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
-    run_dir = lake.run_dir(config, "unfinished")
+    run_dir = run_folder.run_dir(config, "unfinished")
     files = run_files(config.to_json())
     del files["samples.txt"]
     finished_run(s3, run_dir, files)
@@ -216,7 +216,7 @@ def test_an_unfinished_run_is_not_collected(s3, hook, tmp_path):
 
 def test_a_missing_bucket_is_named(s3, hook, tmp_path):
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "s3.bucket=no-such-bucket"])
-    run_dir = lake.run_dir(config, "nowhere")
+    run_dir = run_folder.run_dir(config, "nowhere")
     finished_run(s3, run_dir, run_files(config.to_json()))
     with pytest.raises(PipelineError, match="s3.bucket: bucket 'no-such-bucket' does not exist"):
         collect_record(run_dir, hook, STAGES)
@@ -225,7 +225,7 @@ def test_a_missing_bucket_is_named(s3, hook, tmp_path):
 def collected_run(s3, hook, tmp_path, run_id: str, nats_per_char: float, *settings: str) -> dict:
     """The report of a run collected to the record bucket, named `books` whatever its id."""
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=books", *settings])
-    run_dir = lake.run_dir(config, run_id)
+    run_dir = run_folder.run_dir(config, run_id)
     finished_run(s3, run_dir, run_files(config.to_json(), nats_per_char))
     return collect_record(run_dir, hook, STAGES)
 
@@ -295,8 +295,8 @@ def test_a_run_collected_again_replaces_its_record_and_the_pointer_follows(s3, h
     lake.write_bytes(lake.join(run_dir, "model/model.keras"), b"retrained")
     lake.delete(lake.join(run_dir, "model/tokenizer.json"))
     lake.write_bytes(lake.join(run_dir, "model/weights.h5"), b"a new file")
-    train = lake.read_json(lake.stats_uri(run_dir, "train")) | {"final_val_nats_per_char": 1.7}
-    lake.write_json(lake.stats_uri(run_dir, "train"), train)
+    train = lake.read_json(run_folder.stats_uri(run_dir, "train")) | {"final_val_nats_per_char": 1.7}
+    lake.write_json(run_folder.stats_uri(run_dir, "train"), train)
     load_bytes = hook.load_bytes
 
     def fail_on_the_model(data, key, **kwargs):
@@ -336,7 +336,7 @@ def test_keep_runs_removes_the_oldest_collected_runs_of_the_run_name(s3, hook, t
 
     def finished(run_id: str, *settings: str) -> str:
         config = load_config(overrides=[lake_setting, *settings])
-        run_dir = lake.run_dir(config, run_id)
+        run_dir = run_folder.run_dir(config, run_id)
         finished_run(s3, run_dir, run_files(config.to_json()))
         return run_dir
 
@@ -362,7 +362,7 @@ def test_keep_runs_removes_the_oldest_collected_runs_of_the_run_name(s3, hook, t
 
 def test_a_folder_prune_runs_cannot_read_is_left_alone_and_the_others_pruned(s3, hook, tmp_path, caplog):
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=books", "keep_runs=1"])
-    old, broken, new = (lake.run_dir(config, run_id) for run_id in ("books-old", "books-broken", "books-new"))
+    old, broken, new = (run_folder.run_dir(config, run_id) for run_id in ("books-old", "books-broken", "books-new"))
     for run_dir in (old, broken, new):
         finished_run(s3, run_dir, run_files(config.to_json()))
         collect_record(run_dir, hook, STAGES)
@@ -378,7 +378,7 @@ def test_a_run_folder_half_removed_does_not_look_collected_and_the_next_prune_fi
 ):
     lake_setting = {"lake": str(tmp_path / "lake")} if lake_root == "local" else {"lake": lake_root, "target": "emr"}
     config = load_config(overrides=[lake_setting, "keep_runs=1"])
-    old, new = (lake.run_dir(config, run_id) for run_id in ("books-old", "books-new"))
+    old, new = (run_folder.run_dir(config, run_id) for run_id in ("books-old", "books-new"))
     for run_dir in (old, new):
         finished_run(s3, run_dir, run_files(config.to_json()))
         collect_record(run_dir, hook, STAGES)
@@ -405,7 +405,7 @@ def test_a_run_folder_in_use_is_not_pruned(s3, hook, tmp_path, caplog):
     from include import locks
 
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=books", "keep_runs=1"])
-    old, new = (lake.run_dir(config, run_id) for run_id in ("books-old", "books-new"))
+    old, new = (run_folder.run_dir(config, run_id) for run_id in ("books-old", "books-new"))
     for run_dir in (old, new):
         finished_run(s3, run_dir, run_files(config.to_json()))
         collect_record(run_dir, hook, STAGES)
@@ -426,7 +426,9 @@ def test_the_run_folder_latest_points_at_is_kept_whatever_its_age(s3, hook, tmp_
     config = load_config(
         overrides=[{"lake": str(tmp_path / "lake")}, "run_name=served", "keep_runs=1", "s3.promote=if_better"]
     )
-    best, worse, newest = (lake.run_dir(config, run_id) for run_id in ("served-best", "served-worse", "served-new"))
+    best, worse, newest = (
+        run_folder.run_dir(config, run_id) for run_id in ("served-best", "served-worse", "served-new")
+    )
     for run_dir, nats_per_char in ((best, 0.8), (worse, 1.5), (newest, 1.4)):
         finished_run(s3, run_dir, run_files(config.to_json(), nats_per_char))
         promote_record(collect_record(run_dir, hook, STAGES)["s3_uri"], hook)
@@ -439,7 +441,7 @@ def test_the_run_folder_latest_points_at_is_kept_whatever_its_age(s3, hook, tmp_
 def test_reports_of_an_older_version_are_ordered_by_their_files_time(s3, hook, tmp_path):
     """Their reports hold no collected_at: the report file's time stands in for it."""
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=books", "keep_runs=2"])
-    runs = [lake.run_dir(config, f"books-{name}") for name in ("b-older", "a-newer", "new")]
+    runs = [run_folder.run_dir(config, f"books-{name}") for name in ("b-older", "a-newer", "new")]
     for days_ago, run_dir in zip((20, 10, 0), runs, strict=True):
         finished_run(s3, run_dir, run_files(config.to_json()))
         collect_record(run_dir, hook, STAGES)
@@ -459,7 +461,7 @@ def test_make_run_reads_the_report_collect_wrote_whatever_the_prefix(s3, hook, t
     bucket = f"prefix-{len(prefix)}"
     s3.client().create_bucket(Bucket=bucket)
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, f"s3.bucket={bucket}", f"s3.prefix={prefix}"])
-    run_dir = lake.run_dir(config, "books-1")
+    run_dir = run_folder.run_dir(config, "books-1")
     finished_run(s3, run_dir, run_files(config.to_json()))
     report = collect_record(run_dir, hook, STAGES)
     assert read_report(s3, config) == report

@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 from include import emr, emr_tasks
 from include.local_spark import local_argv
 from include.spark_submit import STAGE_FILES, STAGES
-from spark_jobs.lib import lake, memory
+from spark_jobs.lib import memory, run_folder
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, load_config
 
 EMR_TARGET = ["target=emr", "lake=s3://test-lake/pipeline"]
@@ -57,12 +57,12 @@ def test_cluster_request_follows_config():
     assert request["LogUri"] == config.emr.log_uri
     assert (request["JobFlowRole"], request["ServiceRole"]) == (config.emr.job_flow_role, config.emr.service_role)
     code = emr.code_uri(config, RUN_ID)
-    assert code == f"s3://gpt-pipeline/code/{lake.safe_run_id(RUN_ID)}"
+    assert code == f"s3://gpt-pipeline/code/{run_folder.safe_run_id(RUN_ID)}"
     (bootstrap,) = request["BootstrapActions"]
     assert bootstrap["ScriptBootstrapAction"]["Path"] == f"{code}/bootstrap.sh"
     assert bootstrap["ScriptBootstrapAction"]["Args"][0] == code
     tags = {tag["Key"]: tag["Value"] for tag in request["Tags"]}
-    assert tags == {**config.emr.tags, "run_id": lake.safe_run_id(RUN_ID)}
+    assert tags == {**config.emr.tags, "run_id": run_folder.safe_run_id(RUN_ID)}
     assert "${" not in repr(request)
 
 
@@ -153,7 +153,7 @@ def test_steps_run_each_stage_with_spark_submit_on_yarn():
         assert args[-3:] == [
             f"{emr.code_uri(config, RUN_ID)}/spark_jobs/{STAGE_FILES[stage]}",
             "--run-dir",
-            lake.run_dir(config, RUN_ID),
+            run_folder.run_dir(config, RUN_ID),
         ]
         # Every core node's vCPUs (2 m5.2xlarge: 8 each), not the executors that happen to be up when a stage plans.
         if stage != "train":  # train: one task per worker node
@@ -180,7 +180,7 @@ def normalised(argv: list[str], code: str, run_dir: str, resources: dict[str, st
 def test_local_and_emr_run_the_same_applications_with_the_same_arguments(tmp_path):
     config = emr_config()
     local_config = load_config(overrides=["target=local", f"lake={tmp_path / 'lake'}"])
-    local_run, emr_run = lake.run_dir(local_config, RUN_ID), lake.run_dir(config, RUN_ID)
+    local_run, emr_run = run_folder.run_dir(local_config, RUN_ID), run_folder.run_dir(config, RUN_ID)
     code_dir = tmp_path / "code"
     resources = emr.train_resources(config) | emr.cluster_parallelism(config)
     for stage in STAGES:

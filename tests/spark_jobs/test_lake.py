@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib import lake
+from spark_jobs.lib import corpus_files, lake
 from spark_jobs.lib.config import load_config, to_uri
 from spark_jobs.lib.errors import PipelineError
 
@@ -44,9 +44,9 @@ def test_files_with_spaces_hashes_percents_and_accents(folder):
     uris = [lake.join(folder, name) for name in NAMES]
     assert all(lake.exists(uri) for uri in uris)
     assert [lake.read_text(uri) for uri in uris] == ["text 0\n", "text 1\n", "text 2\n"]
-    assert lake.expand(lake.join(folder, "*.txt")) == {uri: 7 for uri in sorted(uris)}
-    assert lake.expand(lake.join(folder, "Les*")) == {uris[0]: 7}
-    assert lake.expand(uris[1]) == {uris[1]: 7}
+    assert corpus_files.expand(lake.join(folder, "*.txt")) == {uri: 7 for uri in sorted(uris)}
+    assert corpus_files.expand(lake.join(folder, "Les*")) == {uris[0]: 7}
+    assert corpus_files.expand(uris[1]) == {uris[1]: 7}
     assert sorted(lake.list_files(folder)) == sorted(uris)
     assert not lake.exists(lake.join(folder, "Les Misérables %231.txt")), "%23 is not read as '#'"
 
@@ -67,7 +67,7 @@ def test_a_corpus_on_an_s3_that_cannot_be_reached_is_named(monkeypatch, s3):
     with pytest.raises(
         PipelineError, match=rf"^corpus s3://{BUCKET}/books/\*.txt cannot be listed: .*Could not connect"
     ):
-        lake.corpus_files(config)
+        corpus_files.corpus_files(config)
 
 
 TREE = ["a.txt", "notes.md", "austen/emma.txt", "austen/notes.md", "bronte/vol1/jane.txt", "bronte/vol2/jane.txt"]
@@ -102,7 +102,7 @@ def test_a_corpus_glob_matches_in_any_path_component(folder, pattern, wanted):
     lake.write_text(lake.join(folder + "2", "a.txt"), "text\n")  # a sibling whose name starts like this one's
     uri = lake.join(folder, pattern) if pattern else folder
     expected = {lake.join(folder, name): 5 for name in sorted(wanted)}
-    assert lake.expand(uri) == expected
+    assert corpus_files.expand(uri) == expected
     if folder.startswith("s3://"):  # the EMR target's check before the cluster: the same objects
         assert_emr_lists(uri, expected)
 
@@ -136,7 +136,7 @@ def test_a_name_holding_glob_characters_is_taken_as_it_is_when_it_exists(folder,
         lake.write_text(lake.join(folder, name), "text\n")
     uri = lake.join(folder, pattern)
     expected = {lake.join(folder, name): 5 for name in wanted}
-    assert lake.expand(uri) == expected
+    assert corpus_files.expand(uri) == expected
     if folder.startswith("s3://"):
         assert_emr_lists(uri, expected)
 
@@ -156,27 +156,27 @@ def test_links_in_a_local_corpus_count_each_file_once(tmp_path):
     emma, jane = lake.join(to_uri(str(books)), "austen/emma.txt"), lake.join(to_uri(str(books)), "copy.txt")
     wanted = {emma: 5, jane: 10}  # jane.txt is also bronte/jane.txt, a name through a link
     for pattern in (books, books / "**" / "*.txt"):
-        assert lake.corpus_files(load_config(overrides=[{"corpus": str(pattern)}])) == wanted, pattern
+        assert corpus_files.corpus_files(load_config(overrides=[{"corpus": str(pattern)}])) == wanted, pattern
     # Through the loop, austen/ reaches the whole of books/; each file keeps the name without a link.
-    assert lake.corpus_files(load_config(overrides=[{"corpus": str(books / "austen")}])) == {
+    assert corpus_files.corpus_files(load_config(overrides=[{"corpus": str(books / "austen")}])) == {
         lake.join(to_uri(str(books)), "austen/again/bronte/jane.txt"): 10,
         emma: 5,
     }
     both = load_config(overrides=[{"corpus": [str(books / "favourite.txt"), str(books / "austen" / "emma.txt")]}])
-    assert lake.corpus_files(both) == {emma: 5}
+    assert corpus_files.corpus_files(both) == {emma: 5}
 
     # A hidden link to a folder of the corpus (walked first: '_' sorts before letters) and a
     # hidden dangling link (an editor's lock file) change nothing.
     (books / "_latest").symlink_to(books / "austen")
     (books / ".#emma.txt").symlink_to("someone@host.1234:1700000000")
     for pattern in (books, books / "**" / "*.txt"):
-        assert lake.corpus_files(load_config(overrides=[{"corpus": str(pattern)}])) == wanted, pattern
+        assert corpus_files.corpus_files(load_config(overrides=[{"corpus": str(pattern)}])) == wanted, pattern
 
     (books / "gone.txt").symlink_to(tmp_path / "deleted.txt")
     with pytest.raises(
         PipelineError, match=r"cannot be listed: .*gone.txt is a link to .*deleted.txt, which does not exist"
     ):
-        lake.corpus_files(load_config(overrides=[{"corpus": str(books)}]))
+        corpus_files.corpus_files(load_config(overrides=[{"corpus": str(books)}]))
 
 
 def test_a_file_is_copied_to_local_disk_whole(folder, tmp_path):

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from include.spark_submit import STAGES
-from spark_jobs.lib import lake, stages
+from spark_jobs.lib import lake, run_folder, stages
 from spark_jobs.lib.config import ConfigError, load_config
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import parse_args, run_stage
@@ -63,39 +63,39 @@ def test_each_setting_makes_the_stage_that_reads_it_stale(setting, first_stale):
 
 def complete(run: str, *names: str) -> None:
     for name in names:
-        lake.complete_stage(run, name, {"stage": name})
+        run_folder.complete_stage(run, name, {"stage": name})
 
 
 def completed(run: str) -> list[str]:
-    return [name for name in STAGES if lake.exists(lake.stats_uri(run, name))]
+    return [name for name in STAGES if lake.exists(run_folder.stats_uri(run, name))]
 
 
 def test_an_existing_run_with_changed_settings_keeps_only_what_they_do_not_touch(tmp_path, capsys):
     corpus = tmp_path / "c.txt"
     run = new_run(small_config(tmp_path, corpus), "r")
     complete(run, *STAGES)
-    assert lake.create_run(small_config(tmp_path, corpus), "r") == run  # same settings: nothing changes
+    assert run_folder.create_run(small_config(tmp_path, corpus), "r") == run  # same settings: nothing changes
     assert completed(run) == list(STAGES)
 
-    lake.create_run(small_config(tmp_path, corpus, ["train.max_steps=7"]), "r")
+    run_folder.create_run(small_config(tmp_path, corpus, ["train.max_steps=7"]), "r")
     assert completed(run) == ["tokenize", "window", "positional_embed", "export"]
     default = load_config().train.max_steps
     assert (
         f"changed train.max_steps: {default} -> 7; stage(s) train, generate no longer complete"
         in capsys.readouterr().err
     )
-    assert lake.read_json(lake.join(run, lake.CONFIG_FILE))["train"]["max_steps"] == 7
+    assert lake.read_json(lake.join(run, run_folder.CONFIG_FILE))["train"]["max_steps"] == 7
 
-    lake.create_run(small_config(tmp_path, corpus, ["train.max_steps=7", "data.stride=8"]), "r")
+    run_folder.create_run(small_config(tmp_path, corpus, ["train.max_steps=7", "data.stride=8"]), "r")
     assert completed(run) == ["tokenize"]
 
 
 def test_clearing_a_stage_clears_the_stages_that_read_it(tmp_path):
     run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
     complete(run, *STAGES)
-    assert lake.clear_stage(run, "export") == ["export", "train", "generate"]
+    assert run_folder.clear_stage(run, "export") == ["export", "train", "generate"]
     assert completed(run) == ["tokenize", "window", "positional_embed"]
-    assert lake.clear_stage(run, "export") == []
+    assert run_folder.clear_stage(run, "export") == []
 
 
 def test_the_local_runner_keeps_an_existing_runs_settings(tmp_path):
@@ -110,7 +110,7 @@ def test_the_local_runner_keeps_an_existing_runs_settings(tmp_path):
     # One --set takes several overrides too.
     several = stage_runner.parse_args(["--set", f"lake={tmp_path / 'lake'}", "train.batch_size=4", "--run-id", "r"])
     assert (several.overrides, several.run_id) == (args.overrides, "r")
-    assert lake.run_dir(config, "r") == run
+    assert run_folder.run_dir(config, "r") == run
     assert (config.corpus, config.train.max_steps, config.train.batch_size) == ([corpus.as_uri()], 7, 4)
     assert config.data.block_size == small_config(tmp_path, corpus).data.block_size != load_config().data.block_size
     # A new run starts from the defaults.
@@ -170,10 +170,12 @@ def test_the_local_runner_describes_each_stage_in_a_few_lines():
 def test_a_run_folder_used_again_is_no_longer_a_collected_run(tmp_path):
     """Its report goes as soon as a command takes it up again, so prune_runs leaves it alone."""
     run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
-    for report in (lake.REPORT_JSON, lake.REPORT_TEXT):
+    for report in (run_folder.REPORT_JSON, run_folder.REPORT_TEXT):
         lake.write_text(lake.join(run, report), "{}")
-    lake.create_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
-    assert not lake.exists(lake.join(run, lake.REPORT_JSON)) and not lake.exists(lake.join(run, lake.REPORT_TEXT))
+    run_folder.create_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
+    assert not lake.exists(lake.join(run, run_folder.REPORT_JSON)) and not lake.exists(
+        lake.join(run, run_folder.REPORT_TEXT)
+    )
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path):
@@ -182,7 +184,7 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path):
     config = small_config(tmp_path, tmp_path / "c.txt")
     ids = [stage_runner.new_run_id(config, "books-20261123T072216Z") for _ in range(3)]
     assert ids == ["books-20261123T072216Z", "books-20261123T072216Z-2", "books-20261123T072216Z-3"]
-    assert all(lake.exists(lake.run_dir(config, run_id)) for run_id in ids)
+    assert all(lake.exists(run_folder.run_dir(config, run_id)) for run_id in ids)
 
 
 def test_a_run_folder_in_use_is_refused_to_a_second_command(tmp_path, capsys):
@@ -242,7 +244,7 @@ def test_a_lake_where_no_folder_can_be_made_is_named(tmp_path):
         match=rf"^lake {(tmp_path / 'a-file' / 'lake').as_uri()}: cannot create the run folder .*/runs/r: "
         r".*Not a directory",
     ):
-        lake.create_run(config, "r")
+        run_folder.create_run(config, "r")
 
 
 def test_a_stage_takes_its_run_folder_as_a_path_or_a_uri(tmp_path, capsys):
@@ -301,9 +303,9 @@ def test_the_local_runner_refuses_a_new_run_without_the_stages_its_stages_read(t
 )
 def test_a_run_id_never_names_a_hidden_folder_or_one_outside_runs(tmp_path, run_id, folder):
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
-    assert lake.run_dir(config, run_id) == f"file://{tmp_path}/lake/runs/{folder}"
+    assert run_folder.run_dir(config, run_id) == f"file://{tmp_path}/lake/runs/{folder}"
     with pytest.raises(PipelineError, match="a run id must not be empty"):
-        lake.run_dir(config, "")
+        run_folder.run_dir(config, "")
 
 
 def test_a_run_whose_windows_cannot_fit_the_lakes_disk_is_refused_before_anything_runs(tmp_path, capsys):
@@ -355,7 +357,7 @@ def test_a_stages_resume_folder_goes_only_once_the_stage_is_complete(tmp_path, m
     assert lake.exists(backup), "not complete: the next attempt resumes"
     run_stage("train", training, ["--run-dir", run], resume_folder="checkpoints")
     assert seen == [False, True]
-    assert lake.exists(lake.stats_uri(run, "train")) and not lake.exists(lake.join(run, "checkpoints"))
+    assert lake.exists(run_folder.stats_uri(run, "train")) and not lake.exists(lake.join(run, "checkpoints"))
 
     lake.write_text(backup, "left by a driver that died after the marker")
     run_stage(

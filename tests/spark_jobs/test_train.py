@@ -26,7 +26,7 @@ from include.spark_submit import PREPROCESSING_STAGES, package_code
 from local_platform.moto_s3 import LocalS3
 from local_platform.stage_runner import run_pipeline
 from spark_jobs.generate import load_model
-from spark_jobs.lib import lake, memory
+from spark_jobs.lib import lake, memory, run_folder
 from spark_jobs.lib.config import REPO_ROOT, load_config
 from spark_jobs.lib.train_state import BACKUP
 from spark_jobs.lib.train_stats import EPOCH_COLUMNS
@@ -72,7 +72,7 @@ def fresh_run(prepared, name: str, overrides: list[str]) -> tuple:
     target = source.with_name(name)
     shutil.copytree(source, target)
     config = load_config(overrides=[config.model_dump(), *overrides])
-    lake.write_text(lake.join(target.as_uri(), lake.CONFIG_FILE), config.to_json())
+    lake.write_text(lake.join(target.as_uri(), run_folder.CONFIG_FILE), config.to_json())
     return config, target.as_uri(), code
 
 
@@ -94,7 +94,7 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     # writes to the temporary folder would stay behind on every run unless the stage removed them.
     assert not list(tmp_path.glob("__autograph_generated_file*"))
 
-    stats = lake.read_json(lake.stats_uri(run, "train"))
+    stats = lake.read_json(run_folder.stats_uri(run, "train"))
     workers = stats["worker_results"]
     assert [worker["worker"] for worker in workers] == [0, 1]
     assert all(worker["workers"] == 2 and worker["steps"] == 40 for worker in workers)
@@ -122,12 +122,12 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     assert float(first["grad_norm_min"]) <= float(first["grad_norm_mean"]) <= float(first["grad_norm_max"])
     # The first step, which compiles, is timed apart (tests/spark_jobs/test_train_inputs.py: left out of tokens/s).
     assert stats["compile_s"] > 0 and stats["tokens_per_s"] > 0 and float(first["tokens_per_s"]) > 0
-    progress = lake.read_json(lake.join(run, lake.progress_path("train")))  # what the EMR task logs while it runs
+    progress = lake.read_json(lake.join(run, run_folder.progress_path("train")))  # what the EMR task logs while it runs
     assert (progress["step"], progress["max_steps"], progress["seconds_left"]) == (40, 40, 0) and progress["loss"] > 0
     # The windows were small enough to stay in memory, and the memory estimate runs were checked
     # against came close to what the workers reached.
     assert all(worker["windows_in_memory"] for worker in workers)
-    vocab = lake.read_json(lake.join(run, lake.MANIFEST_PATH))["vocab_size"]
+    vocab = lake.read_json(lake.join(run, run_folder.MANIFEST_PATH))["vocab_size"]
     peak = max(float(row["process_memory_max_mb"]) for row in rows)
     assert 0.8 <= memory.worker_peak_mb(config, vocab)["total"] / peak <= 1.3, peak
 
@@ -151,7 +151,7 @@ def whole_split_loss(run: str) -> float:
     from spark_jobs.lib.tfrecord import decode_example, iter_records
 
     model, _ = load_model(lake.join(run, "model"))
-    manifest = lake.read_json(lake.join(run, lake.MANIFEST_PATH))
+    manifest = lake.read_json(lake.join(run, run_folder.MANIFEST_PATH))
     windows = [
         decode_example(record)
         for shard in manifest["splits"]["val"]["shards"]
@@ -195,7 +195,7 @@ def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup
     stage.join(timeout=400)
     assert not stage.is_alive() and not failure, failure
 
-    stats = lake.read_json(lake.stats_uri(run, "train"))
+    stats = lake.read_json(run_folder.stats_uri(run, "train"))
     assert stats["resumed_from_step"] in range(100, 600, 100)
     assert stats["steps_this_attempt"] == 600 - stats["resumed_from_step"]
     rows = epoch_rows(run)
@@ -246,7 +246,7 @@ def test_the_local_runner_stopped_by_sigterm_leaves_no_training_behind(prepared,
     # spark-submit was stopped with SIGTERM, not killed: Spark's shutdown removed its folders and,
     # with them, the training workers' scratch folders.
     assert not list(spark_folders.iterdir())
-    assert not lake.exists(lake.stats_uri(run, "train"))
+    assert not lake.exists(run_folder.stats_uri(run, "train"))
 
 
 def test_a_diverging_loss_fails_the_stage_at_once_with_a_clear_message(prepared):
@@ -262,7 +262,7 @@ def test_a_diverging_loss_fails_the_stage_at_once_with_a_clear_message(prepared)
         completed.stdout,
     ), completed.stdout[-3000:]
     assert "Lost task" not in completed.stderr, "no training task failed, so Spark retried nothing"
-    assert not lake.exists(lake.stats_uri(run, "train"))
+    assert not lake.exists(run_folder.stats_uri(run, "train"))
     assert not training_processes(run)
 
 
@@ -308,7 +308,7 @@ def test_a_worker_trains_from_an_s3_run_folder(prepared, monkeypatch, tmp_path):
 
 def run_worker(run: str, config, tmp_path: Path) -> dict:
     """One training worker in a plain process on the run folder with this config; its result."""
-    lake.write_text(lake.join(run, lake.CONFIG_FILE), config.to_json())
+    lake.write_text(lake.join(run, run_folder.CONFIG_FILE), config.to_json())
     result_file = tmp_path / "result.json"
     completed = subprocess.run(
         [sys.executable, "-m", "spark_jobs.lib.trainer", "--run-dir", run, "--result", str(result_file)],

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spark_jobs.lib import lake, train_data
+from spark_jobs.lib import lake, run_folder, train_data
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.lake import StageIncomplete
 from spark_jobs.lib.train_stats import EPOCH_COLUMNS, IntervalStats, StepTimes, epochs_csv, nats_per_char
@@ -40,7 +40,7 @@ def run_with(tmp_path, shakespeare_slice):
     run = new_run(config)
 
     def write(content: dict):
-        lake.write_json(lake.join(run, lake.MANIFEST_PATH), content)
+        lake.write_json(lake.join(run, run_folder.MANIFEST_PATH), content)
         return config, run
 
     return write
