@@ -95,12 +95,12 @@ def body(spark, config, run: str) -> dict:
     tokenize = run_folder.require_stage(run, "tokenize")
     window = run_folder.require_stage(run, "window")
     block_size, shards = config.data.block_size, config.data.shards
-    final = lake.join(run, "tfrecords")
-    staging = lake.join(run, "_staging", "export")
+    final = lake.join(run, run_folder.TFRECORDS_FOLDER)
+    staging = lake.join(run, run_folder.STAGING_FOLDER, "export")
     lake.delete(final)
     lake.delete(staging)
     started = time.perf_counter()
-    files = parts.stage_parquet_files(run, "window", "windows")
+    files = parts.stage_parquet_files(run, "window", run_folder.WINDOWS_FOLDER)
     n_keys = len(SPLITS) * shards
     results = (
         sc.parallelize(files, len(files))
@@ -135,7 +135,7 @@ def body(spark, config, run: str) -> dict:
         fs.create_dir(posixpath.join(final_path, split), recursive=True)
         for name in splits[split]["shards"]:
             lake.move_file(fs, posixpath.join(staging_path, name), posixpath.join(final_path, name))
-    lake.delete(lake.join(run, "_staging"))
+    lake.delete(lake.join(run, run_folder.STAGING_FOLDER))
     manifest = {
         "block_size": block_size,
         "vocab_size": config.tokenizer.vocab_size,

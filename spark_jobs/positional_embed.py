@@ -45,7 +45,7 @@ def word2vec_vectors(spark, config, run: str, train_windows: int) -> tuple[dict[
     settings = config.embedding.word2vec
     started = time.perf_counter()
     every = max(1, math.ceil(train_windows / settings.max_sentences))
-    files = parts.stage_parquet_files(run, "window", "windows")
+    files = parts.stage_parquet_files(run, "window", run_folder.WINDOWS_FOLDER)
     rows = spark.sparkContext.parallelize(files, len(files)).flatMap(read_sentences(every))
     sentences = spark.createDataFrame(rows, "sentence array<string>").cache()
     n_sentences = sentences.count()
@@ -106,11 +106,10 @@ def body(spark, config, run: str) -> dict:
     tokenizer_vocab = tokenize["tokenizer"]["vocab_size"]
 
     started = time.perf_counter()
-    folder = lake.join(run, embeddings.FOLDER)
     outputs = {
-        "token_vectors": lake.join(folder, embeddings.TOKEN_VECTORS_FILE),
-        "positions": lake.join(folder, embeddings.POSITIONS_FILE),
-        "meta": lake.join(folder, "meta.json"),
+        "token_vectors": lake.join(run, run_folder.TOKEN_VECTORS_PATH),
+        "positions": lake.join(run, run_folder.POSITIONS_PATH),
+        "meta": lake.join(run, run_folder.EMBEDDINGS_META_PATH),
     }
     embeddings.write_npy(outputs["token_vectors"], embeddings.token_table(vocab_size, dim, settings.seed, learned))
     embeddings.write_npy(outputs["positions"], embeddings.sinusoidal(block_size, dim))

@@ -163,7 +163,10 @@ def body(spark, config, run: str) -> dict:
             "sample_cap_bytes": config.tokenizer.sample_cap_bytes,
         },
         "timings": timings,
-        "outputs": {"tokenizer": lake.join(run, run_folder.TOKENIZER_PATH), "tokens": lake.join(run, "tokens")},
+        "outputs": {
+            "tokenizer": lake.join(run, run_folder.TOKENIZER_PATH),
+            "tokens": lake.join(run, run_folder.TOKENS_FOLDER),
+        },
     }
 
 
@@ -179,7 +182,7 @@ def encode_corpus(sc, config, run: str, pieces, scans, documents, task_bytes: in
 
     started = time.perf_counter()
     groups = corpus.pack(encode_tasks(pieces, scans, documents), lambda task: corpus.piece_size(task[0]), task_bytes)
-    tokens_uri = lake.join(run, "tokens")
+    tokens_uri = lake.join(run, run_folder.TOKENS_FOLDER)
     lake.delete(tokens_uri)
     encode = encode_task(groups, sc.broadcast(tokenizer_json), tokens_uri)
     rows = sc.parallelize(range(len(groups)), len(groups)).flatMap(encode).collect()

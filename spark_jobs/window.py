@@ -106,7 +106,7 @@ def body(spark, config, run: str) -> dict:
     tokenize = run_folder.require_stage(run, "tokenize")
     block_size, stride = config.data.block_size, config.data.stride
     started = time.perf_counter()
-    files = parts.stage_parquet_files(run, "tokenize", "tokens")
+    files = parts.stage_parquet_files(run, "tokenize", run_folder.TOKENS_FOLDER)
     rows = sc.parallelize(files, len(files)).flatMap(read_heads(block_size)).collect()
     separator = None
     if config.data.pack_documents:
@@ -127,7 +127,7 @@ def body(spark, config, run: str) -> dict:
     timings = {"plan_s": time.perf_counter() - started}
 
     started = time.perf_counter()
-    windows_uri = lake.join(run, "windows")
+    windows_uri = lake.join(run, run_folder.WINDOWS_FOLDER)
     lake.delete(windows_uri)
     cut = cut_file(sc.broadcast(plans), block_size, stride, windows_uri)
     written = sum(sc.parallelize(list(enumerate(files)), len(files)).map(cut).collect())

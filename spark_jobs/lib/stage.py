@@ -106,7 +106,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
     except Exception as error:
         record_error(run, stage, f"{type(error).__name__}: {error}", bad_input=False)
         raise
-    print(f"[{stage}] done: {json.dumps(brief(stats, f'stats/{stage}.json'), sort_keys=True)}", flush=True)
+    print(f"[{stage}] done: {json.dumps(brief(stats, run_folder.stats_path(stage)), sort_keys=True)}", flush=True)
     return stats
 
 

@@ -51,7 +51,7 @@ def worker_shards(manifest: dict, split: str, worker: int, workers: int) -> list
 def local_shards(run: str, shards: list[str], local_dir: Path) -> list[str]:
     """Local paths of the shards for TensorFlow, which reads no s3:// by itself: a lake on local
     disk's own files, read in place; from S3, copies in local_dir."""
-    uris = [lake.join(run, "tfrecords", shard) for shard in shards]
+    uris = [lake.join(run, run_folder.TFRECORDS_FOLDER, shard) for shard in shards]
     if run.startswith("file://"):
         return [lake.local_path(uri) for uri in uris]
     return [str(lake.download_file(uri, local_dir / shard)) for uri, shard in zip(uris, shards, strict=True)]
