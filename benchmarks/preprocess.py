@@ -30,9 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include import class_archive  # noqa: E402
 from include.local_spark import submit_stage  # noqa: E402
-from include.spark_submit import PREPROCESSING_STAGES, package_code  # noqa: E402
+from include.spark_submit import package_code  # noqa: E402
 from spark_jobs.lib import bpe, lake, run_folder  # noqa: E402
 from spark_jobs.lib.config import SHARED_CORPUS, add_set_argument, load_config  # noqa: E402
+from spark_jobs.lib.stages import PREPROCESSING_STAGES  # noqa: E402
 
 
 def build_corpus(folder: Path, megabytes: float, files: int) -> tuple[str, str, str]:

@@ -21,10 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include.local_spark import submit_stage
-from include.spark_submit import PREPROCESSING_STAGES, packaged_code  # noqa: E402
+from include.spark_submit import packaged_code  # noqa: E402
 from local_platform.stage_runner import run_pipeline  # noqa: E402
 from spark_jobs.lib import lake, run_folder  # noqa: E402
 from spark_jobs.lib.config import add_set_argument, load_config, to_uri  # noqa: E402
+from spark_jobs.lib.stages import PREPROCESSING_STAGES  # noqa: E402
 
 
 def main() -> None:

@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from include.spark_submit import PREPROCESSING_STAGES  # noqa: E402
 from local_platform.stage_runner import run_pipeline  # noqa: E402
 from spark_jobs.lib import lake, memory, run_folder  # noqa: E402
 from spark_jobs.lib.config import SHARED_CORPUS, load_config  # noqa: E402
+from spark_jobs.lib.stages import PREPROCESSING_STAGES  # noqa: E402
 
 SHORT_TRAINING = [
     "train.max_steps=3",
@@ -54,7 +54,7 @@ SHAPES = {
         "model.mlp_ratio=16",
     ],
 }
-STAGES = (*PREPROCESSING_STAGES, "train")
+MEASURED_STAGES = (*PREPROCESSING_STAGES, "train")
 
 
 def measure(corpus: Path, overrides: list[str], scratch: Path) -> tuple[dict, float, int]:
@@ -62,7 +62,7 @@ def measure(corpus: Path, overrides: list[str], scratch: Path) -> tuple[dict, fl
     config = load_config(
         overrides=[{"corpus": str(corpus), "lake": str(scratch / "lake")}] + SHORT_TRAINING + overrides
     )
-    run = run_pipeline(config, "memory", STAGES)
+    run = run_pipeline(config, "memory", MEASURED_STAGES)
     rows = list(csv.DictReader(io.StringIO(lake.read_text(lake.join(run, "stats", "epochs.csv")))))
     peak = max(float(row["process_memory_max_mb"]) for row in rows)
     vocab = lake.read_json(lake.join(run, run_folder.MANIFEST_PATH))["vocab_size"]

@@ -44,17 +44,12 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from include import emr, emr_tasks, local_spark, locks, trigger_form
-from include.collect import (
-    AWS_CONN_ID,
-    RunFolder,
-    check_bucket,
-    collect_record,
-    latest_folder,
-    promote_record,
-    remove_old_runs,
-)
+from include.airflow_names import DAG_ID, MODEL_ASSET_NAME
+from include.promote import latest_folder, promote_record
+from include.prune import remove_old_runs
+from include.record import AWS_CONN_ID, RunFolder, check_bucket, collect_record
 from include.schedule import cron_timetable
-from include.spark_submit import STAGES, packaged_code
+from include.spark_submit import packaged_code
 from spark_jobs.lib import corpus, corpus_files, lake, memory, run_folder, storage
 from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import (
@@ -68,16 +63,16 @@ from spark_jobs.lib.config import (
 )
 from spark_jobs.lib.errors import name_some
 from spark_jobs.lib.stage import load_run_config
+from spark_jobs.lib.stages import STAGE_NAMES
 
 log = logging.getLogger(__name__)
 
-DAG_ID = "gpt_pipeline"
 CONFIG_PATH = defaults_path()  # include/config/pipeline.yaml unless GPT_PIPELINE_CONFIG names another
 CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form's values
 # With target emr the cluster's tasks are built with these when Airflow parses the DAG, too.
 EMR_DAG_SETTINGS = ("emr.aws_conn_id", "emr.region", "emr.poke_interval_seconds")
 # Updated when a run's model becomes latest; the event's extra names the run, its model and the pointer.
-MODEL_ASSET = Asset(name="gpt_pipeline_model", uri=latest_folder(CONFIG))
+MODEL_ASSET = Asset(name=MODEL_ASSET_NAME, uri=latest_folder(CONFIG))
 
 
 def corpus_asset(uri: str) -> Asset:
@@ -192,7 +187,7 @@ def collect(run_dir: str, cluster_id: str | None = None) -> dict:
         config = RunFolder(run_dir, s3).config()
         client = EmrHook(aws_conn_id=config.emr.aws_conn_id, region_name=config.emr.region).conn
         extra["emr"] = emr.cluster_record(client, cluster_id, config)
-    report = collect_record(run_dir, s3, STAGES, extra)
+    report = collect_record(run_dir, s3, STAGE_NAMES, extra)
     log.info(
         "record: %s  final val loss: %s  val nats/char: %s",
         report["s3_uri"],
@@ -248,7 +243,7 @@ with DAG(
 ) as dag:
     if CONFIG.target == "local":
         run_dir = validate_config()
-        stages = [run_local_stage.override(task_id=stage)(stage, run_dir) for stage in STAGES]
+        stages = [run_local_stage.override(task_id=stage)(stage, run_dir) for stage in STAGE_NAMES]
         report = collect(run_dir)
         chain(run_dir, *stages, report)
         promote(report)

@@ -15,10 +15,11 @@ from typing import Any
 
 import yaml
 
-from include.spark_submit import STAGES, packaged_code, spark_submit_argv
+from include.spark_submit import packaged_code, spark_submit_argv
 from spark_jobs.lib import corpus_files, lake, memory, run_folder
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig, defaults_path
 from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.stages import STAGE_NAMES
 
 CONFIG_DIR = REPO_ROOT / "include" / "config"
 TEMPLATE_PATH = CONFIG_DIR / "emr_cluster.yaml"
@@ -187,7 +188,7 @@ def sensor_limits(stage: str, config: PipelineConfig) -> dict[str, int]:
 def check_sensor_limits(run_config: PipelineConfig, dag_config: PipelineConfig) -> None:
     """Sensor limits are fixed when the DAG is parsed; a run whose overrides (e.g. a larger
     train.max_steps) need more time is stopped before any cluster is created."""
-    for stage in STAGES:
+    for stage in STAGE_NAMES:
         needed = sensor_limits(stage, run_config)["timeout"]
         allowed = sensor_limits(stage, dag_config)["timeout"]
         if needed > allowed:
@@ -218,7 +219,7 @@ def max_cluster_hours(config: PipelineConfig, dag_config: PipelineConfig | None 
     idle timeout (in case Airflow is gone and no one terminates it). The time limits in force are
     the DAG's (`dag_config`), set when Airflow parsed it; a run's own can only be lower."""
     limits = dag_config or config
-    seconds = (1 + STEP_RETRIES) * sum(sensor_limits(stage, limits)["timeout"] for stage in STAGES)
+    seconds = (1 + STEP_RETRIES) * sum(sensor_limits(stage, limits)["timeout"] for stage in STAGE_NAMES)
     return round(seconds / 3600 + config.emr.idle_timeout_minutes / 60, 2)
 
 

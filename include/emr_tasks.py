@@ -20,10 +20,10 @@ from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from include import emr
-from include.collect import RunFolder, check_bucket
-from include.spark_submit import STAGES
+from include.record import RunFolder, check_bucket
 from spark_jobs.lib import memory, run_folder
 from spark_jobs.lib.config import PipelineConfig
+from spark_jobs.lib.stages import STAGE_NAMES
 
 log = logging.getLogger(__name__)
 ENDED_STATES = ("TERMINATING", "TERMINATED", "TERMINATED_WITH_ERRORS")
@@ -38,7 +38,7 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> 
     need = memory.check_training_fits(config, worker_mb, where)
     log.info("training: %s, of the %s MB a worker has", memory.describe(need), f"{worker_mb:,}")
     request = emr.job_flow_overrides(config, run_id)
-    steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in STAGES}
+    steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in STAGE_NAMES}
     hourly, hours = emr.check_budget(config, dag_config)
     log.info(
         "cluster: about $%.2f per hour on demand; at most %.1f hours (about $%.0f) with these limits",
@@ -180,7 +180,7 @@ def cluster_tasks(config: PipelineConfig, prepared):
         task_id="create_cluster", job_flow_overrides=prepared["job_flow_overrides"], emr_conn_id=None, retries=0, **aws
     )
     previous = create
-    for stage in STAGES:
+    for stage in STAGE_NAMES:
         run = EmrStageSensor(
             task_id=stage,
             stage=stage,

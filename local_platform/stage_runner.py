@@ -16,9 +16,8 @@ from pathlib import Path
 
 from include import locks
 from include.local_spark import StageFailed, headline, submit_stage
-from include.spark_submit import STAGES, packaged_code
+from include.spark_submit import packaged_code
 from spark_jobs.lib import corpus, corpus_files, lake, memory, run_folder, storage
-from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import (
     ConfigError,
     PipelineConfig,
@@ -31,6 +30,7 @@ from spark_jobs.lib.config import (
     validate,
 )
 from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.stages import STAGE_NAMES, by_name
 
 
 def describe(stage: str, stats: dict) -> list[str]:
@@ -53,7 +53,7 @@ def figure(value) -> str:
 
 
 def run_pipeline(config: PipelineConfig, run_id: str, stages: tuple[str, ...] | None = None) -> str:
-    stages = STAGES if stages is None else stages
+    stages = STAGE_NAMES if stages is None else stages
     run_dir = run_folder.create_run(config, run_id)
     with packaged_code() as code_dir:
         for stage in stages:
@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--stages",
-        default=",".join(STAGES),
+        default=",".join(STAGE_NAMES),
         help="comma-separated stages to run; they run in pipeline order (default: all)",
     )
     return parser.parse_args(argv)
@@ -83,12 +83,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def chosen_stages(names: str) -> tuple[str, ...]:
     """--stages as stages in pipeline order, whatever order they were named in."""
     named = [name.strip() for name in names.split(",") if name.strip()]
-    unknown = [name for name in named if name not in STAGES]
+    unknown = [name for name in named if name not in STAGE_NAMES]
     if unknown:
-        raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}")
+        raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGE_NAMES)}")
     if not named:
-        raise ConfigError(f"--stages names no stage; stages are {', '.join(STAGES)}")
-    return tuple(stage for stage in STAGES if stage in named)
+        raise ConfigError(f"--stages names no stage; stages are {', '.join(STAGE_NAMES)}")
+    return tuple(stage for stage in STAGE_NAMES if stage in named)
 
 
 def new_run_id(config: PipelineConfig, name: str) -> str:
@@ -109,7 +109,7 @@ def check_new_run_has_inputs(stages: tuple[str, ...], run_id: str | None) -> Non
     """In a new run folder nothing has completed: every stage's inputs must run too."""
     run = f"run {run_id} does not exist yet" if run_id else "without --run-id the run is new"
     for stage in stages:
-        missing = [source for source in stage_graph.INPUTS[stage] if source not in stages]
+        missing = [source for source in by_name(stage).inputs if source not in stages]
         if missing:
             raise ConfigError(
                 f"{run}, and stage {stage} reads the outputs of {', '.join(missing)}: "
@@ -137,7 +137,7 @@ def existing_run_config(config_path: str | None, overrides: list, run_id: str) -
         lake_uri = to_uri(str(settings.get("lake") or ""))
     except ValueError:
         return None  # a bad lake: the config model names it
-    uri = lake.join(lake_uri, "runs", run_folder.safe_run_id(run_id), run_folder.CONFIG_FILE)
+    uri = lake.join(run_folder.runs_folder(lake_uri), run_folder.safe_run_id(run_id), run_folder.CONFIG_FILE)
     return json.loads(lake.read_text(uri)) if lake.exists(uri) else None
 
 

@@ -57,6 +57,11 @@ SAMPLES_PATH = "samples.txt"
 REPORT_JSON = "report.json"
 REPORT_TEXT = "report.md"
 REPORTS = (REPORT_JSON, REPORT_TEXT)
+# Held by the command or task using a local run folder (include/locks.py); hidden: no reader of the
+# run folder takes it for an output.
+LOCK_FILE = ".in-use.lock"
+# In a run folder that prune_runs has begun to remove (include/prune.py).
+REMOVING = "REMOVING"
 
 
 class StageIncomplete(PipelineError):

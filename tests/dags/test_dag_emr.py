@@ -25,9 +25,10 @@ from moto.emr.responses import ElasticMapReduceResponse
 from moto.server import ThreadedMotoServer
 
 from include import emr
-from include.spark_submit import STAGES, package_code
+from include.spark_submit import package_code
 from spark_jobs.lib import lake, run_folder, stage
 from spark_jobs.lib.config import DEFAULT_CONFIG_PATH, REPO_ROOT, apply_overrides, load_config, read_yaml
+from spark_jobs.lib.stages import STAGE_NAMES
 
 REGION = "us-east-1"
 BUCKET = "gpt-pipeline"
@@ -227,7 +228,7 @@ def run_dag(
     timed_out=(),
 ):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
-    for task_id in (*STAGES, "terminate_cluster"):
+    for task_id in (*STAGE_NAMES, "terminate_cluster"):
         dag.get_task(task_id).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
     for stage_name in hanging if time_limit_s else ():  # only theirs: the others finish at any machine load
         dag.get_task(stage_name).timeout = time_limit_s
@@ -291,9 +292,9 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     assert s3_bytes(aws, action["ScriptPath"]) == emr.RUN_FILES["bootstrap.sh"].read_bytes()
 
     # The steps: one per stage, in order, each the shared spark-submit command.
-    assert finished == list(STAGES)
+    assert finished == list(STAGE_NAMES)
     steps = aws["emr"].list_steps(ClusterId=cluster["Id"])["Steps"]
-    assert sorted(step["Name"] for step in steps) == sorted(STAGES)
+    assert sorted(step["Name"] for step in steps) == sorted(STAGE_NAMES)
     for step in steps:
         expected = emr.stage_step(step["Name"], config, run_id)
         assert step["Config"]["Args"] == expected["HadoopJarStep"]["Args"]
@@ -318,7 +319,7 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     # with the cluster's steps, as EMR reported them just before the cluster was terminated
     assert report["emr"]["cluster_id"] == cluster["Id"] and report["emr"]["release"] == config.emr.release_label
     assert [(step["name"], step["state"]) for step in report["emr"]["steps"]] == [
-        (stage, "COMPLETED") for stage in STAGES
+        (stage, "COMPLETED") for stage in STAGE_NAMES
     ]
     assert report["emr"]["cost_usd_so_far"] >= 0 and all(step["seconds"] is not None for step in report["emr"]["steps"])
     report_md = s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_folder.safe_run_id(run_id)}/report.md").decode()
@@ -342,7 +343,7 @@ def test_promote_if_better_is_skipped_when_latest_points_at_a_better_model(airfl
 
     dag_run, states, finished = run_dag(aws)
 
-    assert dag_run.state == "success" and finished == list(STAGES)
+    assert dag_run.state == "success" and finished == list(STAGE_NAMES)
     assert states["collect"] == "success" and states["promote"] == "skipped"
     assert json.loads(s3_bytes(aws, f"s3://{BUCKET}/{key}")) == better
     assert asset_events(dag_run) == []
@@ -358,7 +359,7 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
     dag_run, states, finished = run_dag(aws, failures={"window": 1})
 
     assert dag_run.state == "success" and set(states.values()) == {"success"}, states
-    assert finished == ["tokenize", "window", "window (try 2)", *STAGES[2:]]
+    assert finished == ["tokenize", "window", "window (try 2)", *STAGE_NAMES[2:]]
     assert step_states(aws)[:3] == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "COMPLETED")]
     assert "window stopped: RuntimeError: the executor was lost" in "".join(capfd.readouterr())
     # the retried step is the same command
@@ -443,7 +444,7 @@ def test_a_cluster_that_could_not_be_terminated_fails_the_run(airflow_db, aws, m
     monkeypatch.setattr(ElasticMapReduceResponse, "terminate_job_flows", refused)
     dag_run, states, finished = run_dag(aws)
 
-    assert finished == list(STAGES) and states["promote"] == "success"
+    assert finished == list(STAGE_NAMES) and states["promote"] == "success"
     assert states["terminate_cluster"] == "failed" and dag_run.state == "failed"  # someone must see the cluster is up
     assert only_cluster(aws)["Status"]["State"] != "TERMINATED"
 
@@ -533,7 +534,7 @@ def test_a_run_cannot_move_the_cluster_to_another_region_or_connection(airflow_d
 def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr_defaults):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     config = load_config(overrides=OVERRIDES)
-    for stage_name in STAGES:
+    for stage_name in STAGE_NAMES:
         sensor, limits = dag.get_task(stage_name), emr.sensor_limits(stage_name, config)
         assert (float(sensor.timeout), sensor.poke_interval) == (limits["timeout"], limits["poke_interval"])
         assert sensor.region_name == config.emr.region and sensor.aws_conn_id == config.emr.aws_conn_id

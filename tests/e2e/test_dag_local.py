@@ -15,11 +15,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from include.spark_submit import STAGES
 from local_platform.airflow_runner import AIRFLOW, DAG_ID, prepare
 from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.config import REPO_ROOT, load_config
+from spark_jobs.lib.stages import STAGE_NAMES
 
 BUCKET = load_config().s3.bucket
 SMALL_RUN = [
@@ -110,7 +110,7 @@ def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, 
     _, state, tasks = last_run_states(home)
     assert state == "failed"
     assert tasks["validate_config"] == "failed"
-    assert all(tasks.get(stage) in (None, "upstream_failed") for stage in STAGES)
+    assert all(tasks.get(stage) in (None, "upstream_failed") for stage in STAGE_NAMES)
     assert not (tmp_path / "lake").exists()  # no run folder for a run that never started
 
 
@@ -161,14 +161,16 @@ def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airfl
     assert re.search(r"settings from the form: .*run_name = 'e2e'; .*train\.max_steps = 40", output), output[-5000:]
     run_id, state, tasks = last_run_states(home)
     assert state == "success"
-    assert tasks == {task_id: "success" for task_id in ["validate_config", *STAGES, "collect", "promote", "prune_runs"]}
+    assert tasks == {
+        task_id: "success" for task_id in ["validate_config", *STAGE_NAMES, "collect", "promote", "prune_runs"]
+    }
 
     client = s3.client()
     prefix = f"runs/{run_folder.safe_run_id(f'e2e-{run_id}')}/"
     keys = {item["Key"][len(prefix) :] for item in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]}
     read = lambda name: client.get_object(Bucket=BUCKET, Key=prefix + name)["Body"].read()  # noqa: E731
     expected = {"config.json", "samples.txt", "report.json", "report.md", "stats/epochs.csv", "stats/train.json"}
-    assert expected | {f"stats/{stage}.json" for stage in STAGES} <= keys
+    assert expected | {f"stats/{stage}.json" for stage in STAGE_NAMES} <= keys
     assert any(key.startswith("model/") for key in keys)
 
     config = json.loads(read("config.json"))

@@ -11,10 +11,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from include.spark_submit import PREPROCESSING_STAGES, package_code
+from include.spark_submit import package_code
 from local_platform import stage_runner
 from spark_jobs.lib import corpus, lake, run_folder, storage
 from spark_jobs.lib.embeddings import sinusoidal
+from spark_jobs.lib.stages import PREPROCESSING_STAGES
 from tests.conftest import new_run, small_config
 
 pytestmark = pytest.mark.slow

@@ -36,13 +36,13 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
-from include.collect import REPORT_JSON, REPORT_TEXT
-from include.spark_submit import STAGES
+from include.airflow_names import DAG_ID
 from local_platform.moto_s3 import REGION
+from spark_jobs.lib import run_folder
 from spark_jobs.lib.config import REPO_ROOT, load_config
+from spark_jobs.lib.stages import STAGE_NAMES
 
-DAG_ID = "gpt_pipeline"
-TASKS = ["validate_config", *STAGES, "collect", "promote", "prune_runs"]
+TASKS = ["validate_config", *STAGE_NAMES, "collect", "promote", "prune_runs"]
 USER = "admin"
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -347,7 +347,7 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
         aws_secret_access_key=secrets.token_hex(20),
     )
     keys = {item["Key"][len(prefix) :] for item in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])}
-    for name in ("config.json", "samples.txt", "stats/train.json", REPORT_JSON, REPORT_TEXT):
+    for name in ("config.json", "samples.txt", "stats/train.json", run_folder.REPORT_JSON, run_folder.REPORT_TEXT):
         assert name in keys, f"{name} missing from s3://{bucket}/{prefix}: {sorted(keys)}"
     assert any(key.startswith("model/") for key in keys), f"no model/ in s3://{bucket}/{prefix}: {sorted(keys)}"
 
@@ -359,7 +359,7 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
     assert recorded["train"]["max_steps"] == MAX_STEPS and recorded["tokenizer"]["vocab_size"] == 512
     assert recorded["corpus"] == [shakespeare_slice.as_uri()]
     assert s3_json("stats/train.json")["steps"] == MAX_STEPS
-    assert s3_json(REPORT_JSON) == report
+    assert s3_json(run_folder.REPORT_JSON) == report
     sample = s3.get_object(Bucket=bucket, Key=prefix + "samples.txt")["Body"].read().decode("utf-8")
     assert sample.strip() and sample == report["sample"]
 

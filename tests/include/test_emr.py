@@ -17,9 +17,9 @@ from packaging.utils import canonicalize_name
 
 from include import emr, emr_tasks
 from include.local_spark import local_argv
-from include.spark_submit import STAGE_FILES, STAGES
 from spark_jobs.lib import memory, run_folder
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, load_config
+from spark_jobs.lib.stages import STAGE_NAMES, by_name
 
 EMR_TARGET = ["target=emr", "lake=s3://test-lake/pipeline"]
 RUN_ID = "tinyshakespeare-manual__2026-11-22T08:00:00+00:00"
@@ -141,7 +141,7 @@ def test_emr_target_needs_a_core_node_per_worker_and_an_s3_lake():
 
 def test_steps_run_each_stage_with_spark_submit_on_yarn():
     config = emr_config()
-    for stage in STAGES:
+    for stage in STAGE_NAMES:
         step = emr.stage_step(stage, config, RUN_ID)
         args = step["HadoopJarStep"]["Args"]
         assert step["Name"] == stage and step["HadoopJarStep"]["Jar"] == "command-runner.jar"
@@ -151,7 +151,7 @@ def test_steps_run_each_stage_with_spark_submit_on_yarn():
         args = args[3:]
         assert args[:5] == ["spark-submit", "--master", "yarn", "--deploy-mode", "client"]
         assert args[-3:] == [
-            f"{emr.code_uri(config, RUN_ID)}/spark_jobs/{STAGE_FILES[stage]}",
+            f"{emr.code_uri(config, RUN_ID)}/spark_jobs/{by_name(stage).app_file}",
             "--run-dir",
             run_folder.run_dir(config, RUN_ID),
         ]
@@ -183,7 +183,7 @@ def test_local_and_emr_run_the_same_applications_with_the_same_arguments(tmp_pat
     local_run, emr_run = run_folder.run_dir(local_config, RUN_ID), run_folder.run_dir(config, RUN_ID)
     code_dir = tmp_path / "code"
     resources = emr.train_resources(config) | emr.cluster_parallelism(config)
-    for stage in STAGES:
+    for stage in STAGE_NAMES:
         local = local_argv(stage, local_config, local_run, code_dir)
         remote = emr.stage_step(stage, config, RUN_ID)["HadoopJarStep"]["Args"][3:]  # after the time limit
         assert Path(local[0]).name == remote[0] == "spark-submit"
@@ -329,7 +329,7 @@ def test_longest_cluster_life_grows_with_the_training_budget():
         tries * (emr.sensor_limits("train", long)["timeout"] - emr.sensor_limits("train", short)["timeout"]) / 3600
     )
     assert emr.max_cluster_hours(long) == pytest.approx(emr.max_cluster_hours(short) + extra_hours, abs=0.01)
-    assert emr.max_cluster_hours(short) > tries * len(STAGES) * short.emr.step_timeout_minutes / 60
+    assert emr.max_cluster_hours(short) > tries * len(STAGE_NAMES) * short.emr.step_timeout_minutes / 60
 
 
 def test_a_run_that_could_cost_more_than_the_budget_stops_before_its_cluster_exists():

@@ -1,5 +1,5 @@
-"""Run folders: which stages a re-run or a changed setting makes stale (spark_jobs.lib.stages),
-and create_run clearing their completion markers when an existing run's settings change."""
+"""Run folders (spark_jobs.lib.run_folder): create_run clearing the completion markers of the
+stages an existing run's changed settings make stale, stage markers, and the local runner's run folders."""
 
 from __future__ import annotations
 
@@ -7,58 +7,12 @@ import os
 
 import pytest
 
-from include.spark_submit import STAGES
-from spark_jobs.lib import lake, run_folder, stages
+from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.config import ConfigError, load_config
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import parse_args, run_stage
+from spark_jobs.lib.stages import STAGE_NAMES
 from tests.conftest import new_run, small_config
-
-
-def test_the_stage_graph_covers_the_pipeline_in_order():
-    assert tuple(stages.INPUTS) == STAGES == tuple(stages.SETTINGS)
-    for position, stage in enumerate(STAGES):
-        assert all(STAGES.index(source) < position for source in stages.INPUTS[stage])
-
-
-def test_downstream_stages():
-    assert stages.downstream("tokenize") == ["window", "positional_embed", "export", "train", "generate"]
-    assert stages.downstream("positional_embed") == ["train", "generate"]  # export does not read embeddings
-    assert stages.downstream("generate") == []
-
-
-def test_changed_settings_make_their_stages_and_later_ones_stale():
-    old = {"data": {"block_size": 128, "stride": 64}, "train": {"max_steps": 600}, "run_name": "a"}
-    new = {"data": {"block_size": 128, "stride": 32}, "train": {"max_steps": 900}, "run_name": "b"}
-    changed = stages.changed_settings(old, new)
-    assert changed == {"data.stride": (64, 32), "run_name": ("a", "b"), "train.max_steps": (600, 900)}
-    assert stages.stale_stages(list(changed)) == ["window", "positional_embed", "export", "train", "generate"]
-    assert stages.stale_stages(["train.max_steps"]) == ["train", "generate"]
-    assert stages.stale_stages(["embedding.word2vec.window"]) == ["positional_embed", "train", "generate"]
-    assert stages.stale_stages(["run_name", "emr.core_instance_count", "lake"]) == []
-
-
-@pytest.mark.parametrize(
-    "setting, first_stale",
-    [
-        ("corpus", "tokenize"),
-        ("tokenizer.vocab_size", "tokenize"),
-        ("data.val_fraction", "tokenize"),
-        ("data.val_split", "tokenize"),
-        ("data.bad_files", "tokenize"),
-        ("data.block_size", "window"),
-        ("data.stride", "window"),
-        ("data.pack_documents", "window"),
-        ("embedding.dim", "positional_embed"),
-        ("embedding.word2vec.max_sentences", "positional_embed"),
-        ("data.shards", "export"),
-        ("model.n_layer", "train"),
-        ("train.learning_rate", "train"),
-        ("generate.prompt", "generate"),
-    ],
-)
-def test_each_setting_makes_the_stage_that_reads_it_stale(setting, first_stale):
-    assert stages.stale_stages([setting]) == [first_stale, *stages.downstream(first_stale)]
 
 
 def complete(run: str, *names: str) -> None:
@@ -67,15 +21,15 @@ def complete(run: str, *names: str) -> None:
 
 
 def completed(run: str) -> list[str]:
-    return [name for name in STAGES if lake.exists(run_folder.stats_uri(run, name))]
+    return [name for name in STAGE_NAMES if lake.exists(run_folder.stats_uri(run, name))]
 
 
 def test_an_existing_run_with_changed_settings_keeps_only_what_they_do_not_touch(tmp_path, capsys):
     corpus = tmp_path / "c.txt"
     run = new_run(small_config(tmp_path, corpus), "r")
-    complete(run, *STAGES)
+    complete(run, *STAGE_NAMES)
     assert run_folder.create_run(small_config(tmp_path, corpus), "r") == run  # same settings: nothing changes
-    assert completed(run) == list(STAGES)
+    assert completed(run) == list(STAGE_NAMES)
 
     run_folder.create_run(small_config(tmp_path, corpus, ["train.max_steps=7"]), "r")
     assert completed(run) == ["tokenize", "window", "positional_embed", "export"]
@@ -92,7 +46,7 @@ def test_an_existing_run_with_changed_settings_keeps_only_what_they_do_not_touch
 
 def test_clearing_a_stage_clears_the_stages_that_read_it(tmp_path):
     run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
-    complete(run, *STAGES)
+    complete(run, *STAGE_NAMES)
     assert run_folder.clear_stage(run, "export") == ["export", "train", "generate"]
     assert completed(run) == ["tokenize", "window", "positional_embed"]
     assert run_folder.clear_stage(run, "export") == []
@@ -192,14 +146,14 @@ def test_a_run_folder_in_use_is_refused_to_a_second_command(tmp_path, capsys):
     from local_platform import stage_runner
 
     run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
-    complete(run, *STAGES)
+    complete(run, *STAGE_NAMES)
     with locks.run_folder_held(run, "the DAG's task train"):
         code = stage_runner.main(["--run-id", "r", "--stages", "generate", "--set", f"lake={tmp_path / 'lake'}"])
     assert code == 2
     assert capsys.readouterr().err.startswith(
         f"ERROR run folder {run} is in use by the DAG's task train (pid {os.getpid()}): wait for it to end"
     )
-    assert completed(run) == list(STAGES), "nothing of the run was touched"
+    assert completed(run) == list(STAGE_NAMES), "nothing of the run was touched"
 
 
 def test_the_local_runner_runs_target_local_only(tmp_path, capsys):

@@ -22,12 +22,13 @@ import psutil
 import pytest
 
 from include.local_spark import local_argv, spark_env, submit_stage
-from include.spark_submit import PREPROCESSING_STAGES, package_code
+from include.spark_submit import package_code
 from local_platform.moto_s3 import LocalS3
 from local_platform.stage_runner import run_pipeline
 from spark_jobs.generate import load_model
 from spark_jobs.lib import lake, memory, run_folder
 from spark_jobs.lib.config import REPO_ROOT, load_config
+from spark_jobs.lib.stages import PREPROCESSING_STAGES
 from spark_jobs.lib.train_state import BACKUP
 from spark_jobs.lib.train_stats import EPOCH_COLUMNS
 from spark_jobs.lib.trainer import build_optimizer
