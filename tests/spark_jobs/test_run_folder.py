@@ -293,7 +293,7 @@ def test_a_stages_resume_folder_goes_only_once_the_stage_is_complete(tmp_path, m
     monkeypatch.setattr(stage, "spark_session", lambda name: None)
     monkeypatch.setattr(stage, "stop_spark", lambda spark: None)
     run = new_run(load_config(overrides=[{"lake": str(tmp_path / "lake")}]))
-    backup = lake.join(run, "checkpoints", "state.npz")
+    backup = lake.join(run, run_folder.BACKUP_PATH)
     seen = []
 
     def training(spark, config, run):
@@ -305,16 +305,19 @@ def test_a_stages_resume_folder_goes_only_once_the_stage_is_complete(tmp_path, m
         raise OSError("the lake went away")
 
     with monkeypatch.context() as failing:
-        failing.setattr(lake, "complete_stage", marker_fails)
+        failing.setattr(run_folder, "complete_stage", marker_fails)
         with pytest.raises(OSError):
-            run_stage("train", training, ["--run-dir", run], resume_folder="checkpoints")
+            run_stage("train", training, ["--run-dir", run], resume_folder=run_folder.BACKUP_FOLDER)
     assert lake.exists(backup), "not complete: the next attempt resumes"
-    run_stage("train", training, ["--run-dir", run], resume_folder="checkpoints")
+    run_stage("train", training, ["--run-dir", run], resume_folder=run_folder.BACKUP_FOLDER)
     assert seen == [False, True]
-    assert lake.exists(run_folder.stats_uri(run, "train")) and not lake.exists(lake.join(run, "checkpoints"))
+    assert lake.exists(run_folder.stats_uri(run, "train")) and not lake.exists(lake.join(run, run_folder.BACKUP_FOLDER))
 
     lake.write_text(backup, "left by a driver that died after the marker")
     run_stage(
-        "train", lambda *_: seen.append(lake.exists(backup)) or {}, ["--run-dir", run], resume_folder="checkpoints"
+        "train",
+        lambda *_: seen.append(lake.exists(backup)) or {},
+        ["--run-dir", run],
+        resume_folder=run_folder.BACKUP_FOLDER,
     )
     assert seen[-1] is False, "a completed stage run again starts over"
