@@ -12,6 +12,7 @@ layers, 128 wide) reaches 1.886 val nats/char in 93.6 s; the goal is <= 1.75 in 
 from __future__ import annotations
 
 import argparse
+import posixpath
 import shutil
 import sys
 import tempfile
@@ -68,7 +69,9 @@ def clone_run(run: str, suffix: str, config) -> str:
     source = Path(lake.local_path(run))
     target = source.with_name(f"{source.name}-{suffix}")
     shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("model", "checkpoints", "train.json", "epochs.csv"))
+    training = (run_folder.MODEL_FOLDER, run_folder.BACKUP_FOLDER, run_folder.stats_path("train"))
+    training += (run_folder.EPOCHS_CSV_PATH,)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns(*(posixpath.basename(path) for path in training)))
     uri = to_uri(str(target))
     lake.write_text(lake.join(uri, run_folder.CONFIG_FILE), config.to_json())
     return uri

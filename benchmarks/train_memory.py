@@ -63,7 +63,7 @@ def measure(corpus: Path, overrides: list[str], scratch: Path) -> tuple[dict, fl
         overrides=[{"corpus": str(corpus), "lake": str(scratch / "lake")}] + SHORT_TRAINING + overrides
     )
     run = run_pipeline(config, "memory", MEASURED_STAGES)
-    rows = list(csv.DictReader(io.StringIO(lake.read_text(lake.join(run, "stats", "epochs.csv")))))
+    rows = list(csv.DictReader(io.StringIO(lake.read_text(lake.join(run, run_folder.EPOCHS_CSV_PATH)))))
     peak = max(float(row["process_memory_max_mb"]) for row in rows)
     vocab = lake.read_json(lake.join(run, run_folder.MANIFEST_PATH))["vocab_size"]
     return memory.worker_peak_mb(config, vocab), peak, vocab
