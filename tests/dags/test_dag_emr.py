@@ -188,9 +188,9 @@ class Cluster(threading.Thread):
             outputs = {run_folder.stats_uri(run_dir, stage_name): b"{}"}
             if stage_name == "train":
                 outputs[run_folder.stats_uri(run_dir, "train")] = json.dumps(TRAIN_STATS).encode()
-                outputs[lake.join(run_dir, "stats", "epochs.csv")] = b"epoch,step,val_loss\n1,3,2.5\n"
+                outputs[lake.join(run_dir, run_folder.EPOCHS_CSV_PATH)] = b"epoch,step,val_loss\n1,3,2.5\n"
             if stage_name == "generate":
-                outputs[lake.join(run_dir, "samples.txt")] = b"The man starts with a song"
+                outputs[lake.join(run_dir, run_folder.SAMPLES_PATH)] = b"The man starts with a song"
             for uri, body in outputs.items():
                 bucket, key = emr.split_s3_uri(uri)
                 self.s3.put_object(Bucket=bucket, Key=key, Body=body)
@@ -329,7 +329,9 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     )
     # promote pointed the run name's latest pointer at the collected model.
     pointer = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/latest/{config.run_name}.json"))
-    assert pointer["model"] == report["s3_uri"] + "model/" and pointer["run"] == run_folder.safe_run_id(run_id)
+    assert pointer["model"] == report["s3_uri"] + f"{run_folder.MODEL_FOLDER}/" and pointer[
+        "run"
+    ] == run_folder.safe_run_id(run_id)
     ((asset_uri, extra),) = asset_events(dag_run)
     assert asset_uri == f"s3://{BUCKET}/{config.s3.prefix}/latest" and extra["pointer"] == pointer
 

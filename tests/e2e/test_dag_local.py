@@ -149,10 +149,12 @@ def test_a_bad_corpus_fails_tokenize_without_a_retry(local_airflow, tmp_path):
 def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airflow, shakespeare_slice, tmp_path):
     env, s3, home = local_airflow
     # An older run of the same name that collect finished: keep_runs=1 leaves only the new one.
-    older = tmp_path / "lake" / "runs" / "e2e-older"
-    (older / "model").mkdir(parents=True)
-    (older / "report.json").write_text(json.dumps({"run": "e2e-older"}))
-    (older / "config.json").write_text(json.dumps({"run_name": "e2e", "corpus": [f"file://{shakespeare_slice}"]}))
+    older = tmp_path / "lake" / run_folder.RUNS_FOLDER / "e2e-older"
+    (older / run_folder.MODEL_FOLDER).mkdir(parents=True)
+    (older / run_folder.REPORT_JSON).write_text(json.dumps({"run": "e2e-older"}))
+    (older / run_folder.CONFIG_FILE).write_text(
+        json.dumps({"run_name": "e2e", "corpus": [f"file://{shakespeare_slice}"]})
+    )
     overrides = [f"lake={tmp_path / 'lake'}", "keep_runs=1", *SMALL_RUN]
     conf = {"corpus": str(shakespeare_slice), "run_name": "e2e", "overrides": overrides}
     code, output = dags_test(env, conf)
@@ -169,31 +171,40 @@ def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airfl
     prefix = f"runs/{run_folder.safe_run_id(f'e2e-{run_id}')}/"
     keys = {item["Key"][len(prefix) :] for item in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]}
     read = lambda name: client.get_object(Bucket=BUCKET, Key=prefix + name)["Body"].read()  # noqa: E731
-    expected = {"config.json", "samples.txt", "report.json", "report.md", "stats/epochs.csv", "stats/train.json"}
-    assert expected | {f"stats/{stage}.json" for stage in STAGE_NAMES} <= keys
-    assert any(key.startswith("model/") for key in keys)
+    expected = {
+        run_folder.CONFIG_FILE,
+        run_folder.SAMPLES_PATH,
+        run_folder.REPORT_JSON,
+        run_folder.REPORT_TEXT,
+        run_folder.EPOCHS_CSV_PATH,
+        run_folder.stats_path("train"),
+    }
+    assert expected | {run_folder.stats_path(stage) for stage in STAGE_NAMES} <= keys
+    assert any(key.startswith(f"{run_folder.MODEL_FOLDER}/") for key in keys)
 
-    config = json.loads(read("config.json"))
+    config = json.loads(read(run_folder.CONFIG_FILE))
     assert config["train"]["max_steps"] == 40 and config["corpus"] == [f"file://{shakespeare_slice}"]
 
-    rows = list(csv.DictReader(io.StringIO(read("stats/epochs.csv").decode())))
+    rows = list(csv.DictReader(io.StringIO(read(run_folder.EPOCHS_CSV_PATH).decode())))
     assert [int(row["step"]) for row in rows][-1] == 40
     assert all(np.isfinite(float(row["val_loss"])) for row in rows)
 
-    report = json.loads(read("report.json"))
-    train = json.loads(read("stats/train.json"))
+    report = json.loads(read(run_folder.REPORT_JSON))
+    train = json.loads(read(run_folder.stats_path("train")))
     assert report["final_val_loss"] == train["final_val_loss"] == pytest.approx(float(rows[-1]["val_loss"]), rel=1e-4)
     # A BPE token covers more than one character, so the per-character loss is the smaller.
     assert 0 < report["val_nats_per_char"] < report["final_val_loss"]
 
-    sample = read("samples.txt").decode()
+    sample = read(run_folder.SAMPLES_PATH).decode()
     assert sample.startswith(config["generate"]["prompt"]) and len(sample) > len(config["generate"]["prompt"])
     assert report["sample"] == sample
     assert [row["step"] for row in report["evaluations"]] == [int(row["step"]) for row in rows]
     assert report["splits"]["train"]["windows"] > 0 and report["model"]["n_layer"] == config["model"]["n_layer"]
     run = run_folder.run_dir(load_config(overrides=[{"lake": str(tmp_path / "lake")}]), f"e2e-{run_id}")
-    assert lake.read_text(lake.join(run, "report.md")) == read("report.md").decode()
-    assert sorted(path.name for path in (tmp_path / "lake" / "runs").iterdir()) == [run.rsplit("/", 1)[1]]
+    assert lake.read_text(lake.join(run, run_folder.REPORT_TEXT)) == read(run_folder.REPORT_TEXT).decode()
+    assert sorted(path.name for path in (tmp_path / "lake" / run_folder.RUNS_FOLDER).iterdir()) == [
+        run.rsplit("/", 1)[1]
+    ]
 
     # promote pointed the run name's latest pointer at this model and updated the model asset.
     pointer = json.loads(client.get_object(Bucket=BUCKET, Key="runs/latest/e2e.json")["Body"].read())
@@ -217,11 +228,11 @@ def test_the_dag_trains_on_a_slice_and_collects_a_sound_record_to_s3(local_airfl
         ).fetchone()
     window_xcom = json.loads(window_xcom)
     assert window_xcom["stage"] == "window" and window_xcom["block_size"] == config["data"]["block_size"]
-    assert "sequences" not in window_xcom and json.loads(read("stats/window.json"))["sequences"]
+    assert "sequences" not in window_xcom and json.loads(read(run_folder.stats_path("window")))["sequences"]
 
     model_dir = tmp_path / "model-from-s3"
     for key in keys:
-        if key.startswith("model/"):
+        if key.startswith(f"{run_folder.MODEL_FOLDER}/"):
             (model_dir / key).parent.mkdir(parents=True, exist_ok=True)
             (model_dir / key).write_bytes(read(key))
     from spark_jobs.generate import load_model

@@ -443,7 +443,9 @@ def test_a_stage_task_adds_a_step_only_when_its_try_has_none_to_wait_on(steps, t
     sensor.run_folder = lambda: run
     assert sensor.current_step(emr_tasks.step_name("window", try_number)) == waits_on
     assert cluster.added == ([adds] if adds else [])
-    assert run.removed == (["errors/window.json"] if adds else [])  # a new step starts without an earlier try's error
+    assert run.removed == (
+        [run_folder.error_path("window")] if adds else []
+    )  # a new step starts without an earlier try's error
 
 
 def test_training_progress_reads_as_a_line_of_the_task_log():

@@ -24,7 +24,7 @@ def test_promote_points_latest_at_each_new_model_and_keeps_the_one_before(s3, ho
     assert decision["latest"] == f"s3://{RECORD_BUCKET}/runs/latest/books.json"
     pointer = latest(s3)
     assert decision["pointer"] == pointer
-    assert pointer["run"] == "promote-1" and pointer["model"] == first["s3_uri"] + "model/"
+    assert pointer["run"] == "promote-1" and pointer["model"] == first["s3_uri"] + f"{run_folder.MODEL_FOLDER}/"
     assert pointer["val_nats_per_char"] == 0.9 and "previous" not in pointer
     # The pointer leads to a model that is there.
     model = s3.client().get_object(Bucket=RECORD_BUCKET, Key=pointer["model"].split("/", 3)[3] + "model.keras")
@@ -75,15 +75,15 @@ def test_a_run_collected_again_replaces_its_record_and_the_pointer_follows(s3, h
     first = collected_run(s3, hook, tmp_path, "again", 0.9, "s3.promote=if_better", "run_name=epics")
     assert promote_record(first["s3_uri"], hook)["promoted"]
     run_dir = first["run_folder"]
-    lake.write_bytes(lake.join(run_dir, "model/model.keras"), b"retrained")
-    lake.delete(lake.join(run_dir, "model/tokenizer.json"))
-    lake.write_bytes(lake.join(run_dir, "model/weights.h5"), b"a new file")
+    lake.write_bytes(lake.join(run_dir, f"{run_folder.MODEL_FOLDER}/{run_folder.MODEL_FILE}"), b"retrained")
+    lake.delete(lake.join(run_dir, f"{run_folder.MODEL_FOLDER}/{run_folder.MODEL_TOKENIZER_FILE}"))
+    lake.write_bytes(lake.join(run_dir, f"{run_folder.MODEL_FOLDER}/weights.h5"), b"a new file")
     train = lake.read_json(run_folder.stats_uri(run_dir, "train")) | {"final_val_nats_per_char": 1.7}
     lake.write_json(run_folder.stats_uri(run_dir, "train"), train)
     load_bytes = hook.load_bytes
 
     def fail_on_the_model(data, key, **kwargs):
-        if key.endswith("model/model.keras"):
+        if key.endswith(f"{run_folder.MODEL_FOLDER}/{run_folder.MODEL_FILE}"):
             raise OSError("connection reset")
         load_bytes(data, key=key, **kwargs)
 
@@ -96,7 +96,10 @@ def test_a_run_collected_again_replaces_its_record_and_the_pointer_follows(s3, h
 
     again = collect_record(run_dir, hook, STAGE_NAMES)
     files = record(s3, "again")
-    assert files["model/model.keras"] == b"retrained" and "model/tokenizer.json" not in files
+    assert (
+        files[f"{run_folder.MODEL_FOLDER}/{run_folder.MODEL_FILE}"] == b"retrained"
+        and f"{run_folder.MODEL_FOLDER}/{run_folder.MODEL_TOKENIZER_FILE}" not in files
+    )
     decision = promote_record(again["s3_uri"], hook)
     assert decision["promoted"] and decision["reason"].startswith("this run was collected again")
     pointer = latest(s3, "epics")
@@ -106,7 +109,7 @@ def test_a_run_collected_again_replaces_its_record_and_the_pointer_follows(s3, h
 
 def test_promote_refuses_a_record_collect_has_not_finished(s3, hook, tmp_path):
     report = collected_run(s3, hook, tmp_path, "half-copied", 0.9, "run_name=poems")
-    key = report["s3_uri"].split("/", 3)[3] + "report.json"
+    key = report["s3_uri"].split("/", 3)[3] + run_folder.REPORT_JSON
     s3.client().delete_object(Bucket=RECORD_BUCKET, Key=key)
     with pytest.raises(PipelineError, match=r"has no report.json: collect did not finish"):
         promote_record(report["s3_uri"], hook)

@@ -45,11 +45,13 @@ def test_keep_runs_removes_the_oldest_collected_runs_of_the_run_name(s3, hook, t
         collect_record(run_dir, hook, STAGE_NAMES)
 
     assert remove_old_runs(books[2], hook) == [books[0]]
-    written = RunFolder(books[1], hook).modified("report.json")  # what stands in for an older report's time
+    written = RunFolder(books[1], hook).modified(run_folder.REPORT_JSON)  # what stands in for an older report's time
     assert abs((datetime.now(timezone.utc) - written).total_seconds()) < 60
     left = [folder.uri for folder in RunFolder(books[2], hook).siblings()]
     assert left == sorted([*books[1:], sonnets, other_corpus, unfinished, without_setting])
-    assert record(s3, "books-0")["model/model.keras"] == b"\x00model bytes\xff", "the record on S3 stays"
+    assert record(s3, "books-0")[f"{run_folder.MODEL_FOLDER}/{run_folder.MODEL_FILE}"] == b"\x00model bytes\xff", (
+        "the record on S3 stays"
+    )
     assert remove_old_runs(books[2], hook) == []
     collect_record(without_setting, hook, STAGE_NAMES)
     assert remove_old_runs(without_setting, hook) == [], "keep_runs is null: every run stays"
@@ -61,7 +63,7 @@ def test_a_folder_prune_runs_cannot_read_is_left_alone_and_the_others_pruned(s3,
     for run_dir in (old, broken, new):
         finished_run(s3, run_dir, run_files(config.to_json()))
         collect_record(run_dir, hook, STAGE_NAMES)
-    Path(lake.local_path(lake.join(broken, "config.json"))).write_text("{broken")
+    Path(lake.local_path(lake.join(broken, run_folder.CONFIG_FILE))).write_text("{broken")
 
     assert remove_old_runs(new, hook) == [old]
     assert lake.exists(broken) and f"keep_runs: left {broken} alone, it cannot be read" in caplog.text
@@ -80,7 +82,7 @@ def test_a_run_folder_half_removed_does_not_look_collected_and_the_next_prune_fi
     remove = RunFolder.remove
 
     def fail_on_the_data(folder: RunFolder, *paths: str) -> None:
-        if "tokens/part-0.parquet" in paths:
+        if f"{run_folder.TOKENS_FOLDER}/part-0.parquet" in paths:
             raise OSError("the disk went away")
         remove(folder, *paths)
 
@@ -88,8 +90,12 @@ def test_a_run_folder_half_removed_does_not_look_collected_and_the_next_prune_fi
     with pytest.raises(OSError, match="went away"):
         remove_old_runs(new, hook)
     left = RunFolder(old, hook)
-    assert left.has("tokens/part-0.parquet") and left.has("REMOVING") and not left.has("report.json")
-    assert not left.has("stats/train.json"), "no stage of it looks complete either"
+    assert (
+        left.has(f"{run_folder.TOKENS_FOLDER}/part-0.parquet")
+        and left.has(run_folder.REMOVING)
+        and not left.has(run_folder.REPORT_JSON)
+    )
+    assert not left.has(run_folder.stats_path("train")), "no stage of it looks complete either"
     monkeypatch.setattr(RunFolder, "remove", remove)
     assert remove_old_runs(new, hook) == [old], "the next prune finishes it"
     assert [folder.uri for folder in RunFolder(new, hook).siblings()] == [new]
@@ -106,7 +112,7 @@ def test_a_run_folder_in_use_is_not_pruned(s3, hook, tmp_path, caplog):
         collect_record(run_dir, hook, STAGE_NAMES)
     with locks.run_folder_held(old, "python -m local_platform.stage_runner"):
         assert remove_old_runs(new, hook) == []
-    assert lake.exists(lake.join(old, "report.json"))
+    assert lake.exists(lake.join(old, run_folder.REPORT_JSON))
     assert (
         f"keep_runs: left {old} alone: run folder {old} is in use by python -m local_platform.stage_runner"
         in caplog.text
@@ -129,7 +135,7 @@ def test_the_run_folder_latest_points_at_is_kept_whatever_its_age(s3, hook, tmp_
         promote_record(collect_record(run_dir, hook, STAGE_NAMES)["s3_uri"], hook)
     assert latest(s3, "served")["run"] == "served-best"
     assert remove_old_runs(newest, hook) == [worse]
-    assert lake.exists(lake.join(best, "report.json"))
+    assert lake.exists(lake.join(best, run_folder.REPORT_JSON))
     assert "keep_runs: kept served-best, whose model the latest pointer names" in caplog.text
 
 
@@ -141,9 +147,9 @@ def test_reports_of_an_older_version_are_ordered_by_their_files_time(s3, hook, t
         finished_run(s3, run_dir, run_files(config.to_json()))
         collect_record(run_dir, hook, STAGE_NAMES)
         if days_ago:
-            report = RunFolder(run_dir, hook).read_json("report.json")
+            report = RunFolder(run_dir, hook).read_json(run_folder.REPORT_JSON)
             del report["collected_at"]
-            path = Path(lake.local_path(lake.join(run_dir, "report.json")))
+            path = Path(lake.local_path(lake.join(run_dir, run_folder.REPORT_JSON)))
             path.write_text(json.dumps(report))
             os.utime(path, (time.time() - days_ago * 86400,) * 2)
     assert remove_old_runs(runs[2], hook) == [runs[0]]

@@ -35,20 +35,22 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
 
     name = run_dir.rsplit("/", 1)[1]
     copied = record(s3, name)
-    kept = {key: data for key, data in files.items() if not key.startswith("tokens/")}
+    kept = {key: data for key, data in files.items() if not key.startswith(f"{run_folder.TOKENS_FOLDER}/")}
     assert {key: copied[key] for key in kept} == kept
-    assert set(copied) == set(kept) | {"report.json", "report.md"}
-    assert json.loads(copied["report.json"]) == report
+    assert set(copied) == set(kept) | {run_folder.REPORT_JSON, run_folder.REPORT_TEXT}
+    assert json.loads(copied[run_folder.REPORT_JSON]) == report
     assert report["s3_uri"] == f"s3://{RECORD_BUCKET}/runs/{name}/"
     assert (report["final_val_loss"], report["val_nats_per_char"]) == (2.5, 0.9)
     assert report["stage_seconds"] == {stage: (9.0 if stage == "train" else 1.5) for stage in STAGE_NAMES}
     assert report["sample"] == "The man starts with a sample"
-    text = copied["report.md"].decode()
+    text = copied[run_folder.REPORT_TEXT].decode()
     # The run folder keeps the report too, until a stage runs there again.
-    assert lake.read_text(lake.join(run_dir, "report.md")) == text
-    assert json.loads(lake.read_text(lake.join(run_dir, "report.json"))) == report
+    assert lake.read_text(lake.join(run_dir, run_folder.REPORT_TEXT)) == text
+    assert json.loads(lake.read_text(lake.join(run_dir, run_folder.REPORT_JSON))) == report
     run_folder.clear_stage(run_dir, "generate")
-    assert not lake.exists(lake.join(run_dir, "report.md")) and not lake.exists(lake.join(run_dir, "report.json"))
+    assert not lake.exists(lake.join(run_dir, run_folder.REPORT_TEXT)) and not lake.exists(
+        lake.join(run_dir, run_folder.REPORT_JSON)
+    )
     assert "Final validation loss: **2.5000 nats/token**, **0.9000 nats/char**." in text
     assert f"- corpus: {config.corpus[0]} (1 file): train 9,000 characters, 4,000 tokens, 60 windows; val 1,000" in text
     assert "- model: 4 layers, 4 heads, width 128, 128 tokens of context, vocabulary 300: 123,456 parameters" in text
@@ -63,7 +65,7 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     }
     # Stage warnings travel with the report, so that a run on EMR shows them too.
     assert report["warnings"] == [f"[window] {SHORT_FILE_WARNING}"]
-    assert f"## Warnings\n\n- [window] {SHORT_FILE_WARNING}\n" in copied["report.md"].decode()
+    assert f"## Warnings\n\n- [window] {SHORT_FILE_WARNING}\n" in copied[run_folder.REPORT_TEXT].decode()
 
 
 def test_a_run_folder_that_cannot_take_the_report_still_gets_a_whole_record(s3, hook, tmp_path, monkeypatch, caplog):
@@ -78,7 +80,10 @@ def test_a_run_folder_that_cannot_take_the_report_still_gets_a_whole_record(s3, 
 
     monkeypatch.setattr(record_module.RunFolder, "write", refuse)
     report = collect_record(run_dir, hook, STAGE_NAMES)
-    assert set(record(s3, "read-only")) >= {"report.json", "report.md"} and report["final_val_loss"] == 2.5
+    assert (
+        set(record(s3, "read-only")) >= {run_folder.REPORT_JSON, run_folder.REPORT_TEXT}
+        and report["final_val_loss"] == 2.5
+    )
     assert f"the report was not copied to the run folder {run_dir}: cannot write report.md" in caplog.text
 
 
@@ -86,7 +91,7 @@ def test_an_unfinished_run_is_not_collected(s3, hook, tmp_path):
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
     run_dir = run_folder.run_dir(config, "unfinished")
     files = run_files(config.to_json())
-    del files["samples.txt"]
+    del files[run_folder.SAMPLES_PATH]
     finished_run(s3, run_dir, files)
     with pytest.raises(PipelineError, match="has no samples.txt: the run did not complete"):
         collect_record(run_dir, hook, STAGE_NAMES)

@@ -197,7 +197,9 @@ def test_too_few_windows_for_the_shards_or_a_batch_stop_the_window_stage(
         run_stage("window", window.body, ["--run-dir", run])
     assert stop.value.code == 2
     assert re.fullmatch(f"ERROR \\[window\\] window: {message}.*", error_line(capsys))
-    assert not lake.exists(lake.join(run, "windows")) and not lake.exists(run_folder.stats_uri(run, "window"))
+    assert not lake.exists(lake.join(run, run_folder.WINDOWS_FOLDER)) and not lake.exists(
+        run_folder.stats_uri(run, "window")
+    )
 
 
 def test_a_word2vec_min_count_no_token_reaches_is_named(spark, tmp_path, capsys, shakespeare_slice):
@@ -234,10 +236,11 @@ def test_windows_line_ends_and_a_byte_order_mark_are_read_as_plain_text(spark, t
     chars = {name: {split: counts["chars"] for split, counts in stats[name]["splits"].items()} for name in runs}
     assert chars["windows"] == chars["unix"] and sum(chars["unix"].values()) == len(text)
     assert stats["windows"]["pieces"] > 1  # cut after \\r\\n line ends
-    tokenizer = {name: lake.read_text(lake.join(run, "tokenizer", "tokenizer.json")) for name, run in runs.items()}
+    tokenizer = {name: lake.read_text(lake.join(run, run_folder.TOKENIZER_PATH)) for name, run in runs.items()}
     assert tokenizer["windows"] == tokenizer["unix"]
     rows = sorted(
-        pq.read_table(lake.local_path(lake.join(runs["windows"], "tokens"))).to_pylist(), key=lambda row: row["piece"]
+        pq.read_table(lake.local_path(lake.join(runs["windows"], run_folder.TOKENS_FOLDER))).to_pylist(),
+        key=lambda row: row["piece"],
     )
     decoded = {
         split: bpe.from_json(tokenizer["unix"]).decode([i for row in rows if row["split"] == split for i in row["ids"]])
@@ -268,13 +271,13 @@ def test_many_small_files_give_whole_files_to_validation(spark, tmp_path, capsys
     val, train = stats["splits"]["val"], stats["splits"]["train"]
     assert val["documents"] + train["documents"] == 40 and 2 <= val["documents"] <= 4
     assert 0.05 <= val["chars"] / (val["chars"] + train["chars"]) <= 0.1
-    rows = pq.read_table(lake.local_path(lake.join(run, "tokens"))).to_pylist()
+    rows = pq.read_table(lake.local_path(lake.join(run, run_folder.TOKENS_FOLDER))).to_pylist()
     splits_of = {}
     for row in rows:
         splits_of.setdefault(row["path"], set()).add(row["split"])
     assert all(len(splits) == 1 for splits in splits_of.values()), "a file was cut between train and val"
     # Small files share Spark tasks and part files.
-    assert stats["tasks"] <= 6 and len(parts.parquet_files(lake.join(run, "tokens"))) == stats["tasks"]
+    assert stats["tasks"] <= 6 and len(parts.parquet_files(lake.join(run, run_folder.TOKENS_FOLDER))) == stats["tasks"]
     # Each scene is longer than one window, so no part is lost and nothing is warned about.
     assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("WARNING")]
 
@@ -326,11 +329,12 @@ def test_packed_documents_use_files_shorter_than_a_window(spark, tmp_path, capsy
     run_stage("window", window.body, ["--run-dir", run])
     config = lake.read_json(lake.join(run, run_folder.CONFIG_FILE))
     block_size, stride = config["data"]["block_size"], config["data"]["stride"]
-    separator = bpe.separator_id(bpe.from_json(lake.read_text(lake.join(run, "tokenizer", "tokenizer.json"))))
+    separator = bpe.separator_id(bpe.from_json(lake.read_text(lake.join(run, run_folder.TOKENIZER_PATH))))
     tokens = sorted(
-        pq.read_table(lake.local_path(lake.join(run, "tokens"))).to_pylist(), key=lambda r: (r["doc_id"], r["piece"])
+        pq.read_table(lake.local_path(lake.join(run, run_folder.TOKENS_FOLDER))).to_pylist(),
+        key=lambda r: (r["doc_id"], r["piece"]),
     )
-    windows = pq.read_table(lake.local_path(lake.join(run, "windows"))).to_pylist()
+    windows = pq.read_table(lake.local_path(lake.join(run, run_folder.WINDOWS_FOLDER))).to_pylist()
     for split in ("train", "val"):
         mine = [row for row in tokens if row["split"] == split]
         stream = []  # the split's files in order, each followed by the separator
@@ -364,10 +368,10 @@ def test_paths_with_spaces_hashes_and_accents_work_in_the_preprocessing_stages(s
     ):
         run_stage(stage, body, ["--run-dir", run])
         assert lake.exists(run_folder.stats_uri(run, stage)), stage
-    assert os.path.isdir(tmp_path / "lake été #2" / "runs" / "run" / "tfrecords")
-    rows = pq.read_table(lake.local_path(lake.join(run, "tokens"))).to_pylist()
+    assert os.path.isdir(tmp_path / "lake été #2" / run_folder.RUNS_FOLDER / "run" / "tfrecords")
+    rows = pq.read_table(lake.local_path(lake.join(run, run_folder.TOKENS_FOLDER))).to_pylist()
     assert {row["path"] for row in rows} == {f"file://{folder}/Les Misérables #1.txt"}
-    tokenizer = bpe.from_json(lake.read_text(lake.join(run, "tokenizer", "tokenizer.json")))
+    tokenizer = bpe.from_json(lake.read_text(lake.join(run, run_folder.TOKENIZER_PATH)))
     decoded = "".join(
         tokenizer.decode(row["ids"]) for row in sorted(rows, key=lambda row: (row["piece"], row["split"] == "val"))
     )

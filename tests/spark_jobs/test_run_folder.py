@@ -89,7 +89,7 @@ def test_the_done_line_counts_long_lists_instead_of_printing_them():
     from spark_jobs.lib.stage import brief
 
     stats = {"sequences": [{"doc_id": i} for i in range(300)], "splits": {"train": {"tokens": 5}}, "skipped": [1, 2]}
-    assert brief(stats, "stats/window.json") == {
+    assert brief(stats, run_folder.stats_path("window")) == {
         "sequences": "300 entries, see stats/window.json",
         "splits": {"train": {"tokens": 5}},
         "skipped": [1, 2],
@@ -203,7 +203,8 @@ def test_a_lake_where_no_folder_can_be_made_is_named(tmp_path):
 
 def test_a_stage_takes_its_run_folder_as_a_path_or_a_uri(tmp_path, capsys):
     assert (
-        parse_args("window", ["--run-dir", str(tmp_path / "runs" / "r1") + "/"]).run_dir == f"file://{tmp_path}/runs/r1"
+        parse_args("window", ["--run-dir", str(tmp_path / run_folder.RUNS_FOLDER / "r1") + "/"]).run_dir
+        == f"file://{tmp_path}/runs/r1"
     )
     assert parse_args("window", ["--run-dir", "s3://lake/runs/r1"]).run_dir == "s3://lake/runs/r1"
     with pytest.raises(SystemExit) as stop:

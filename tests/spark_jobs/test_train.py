@@ -78,7 +78,7 @@ def fresh_run(prepared, name: str, overrides: list[str]) -> tuple:
 
 
 def epoch_rows(run: str) -> list[dict]:
-    return list(csv.DictReader(lake.read_text(lake.join(run, "stats", "epochs.csv")).splitlines()))
+    return list(csv.DictReader(lake.read_text(lake.join(run, run_folder.EPOCHS_CSV_PATH)).splitlines()))
 
 
 def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, monkeypatch, capfd):
@@ -132,17 +132,17 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     peak = max(float(row["process_memory_max_mb"]) for row in rows)
     assert 0.8 <= memory.worker_peak_mb(config, vocab)["total"] / peak <= 1.3, peak
 
-    assert sorted(lake.list_files(lake.join(run, "model"))) == [
-        lake.join(run, "model", "model.keras"),
-        lake.join(run, "model", "tokenizer.json"),
+    assert sorted(lake.list_files(lake.join(run, run_folder.MODEL_FOLDER))) == [
+        lake.join(run, run_folder.MODEL_FOLDER, run_folder.MODEL_FILE),
+        lake.join(run, run_folder.MODEL_FOLDER, run_folder.MODEL_TOKENIZER_FILE),
     ]
-    assert not lake.exists(lake.join(run, "checkpoints")), "backups are removed once the stage is complete"
+    assert not lake.exists(lake.join(run, run_folder.BACKUP_FOLDER)), "backups are removed once the stage is complete"
 
     submit_stage("generate", config, run, code)
-    sample = lake.read_text(lake.join(run, "samples.txt"))
+    sample = lake.read_text(lake.join(run, run_folder.SAMPLES_PATH))
     assert sample.startswith(config.generate.prompt) and len(sample) > len(config.generate.prompt) + 5
     submit_stage("generate", config, run, code)
-    assert lake.read_text(lake.join(run, "samples.txt")) == sample
+    assert lake.read_text(lake.join(run, run_folder.SAMPLES_PATH)) == sample
 
 
 def whole_split_loss(run: str) -> float:
@@ -151,12 +151,12 @@ def whole_split_loss(run: str) -> float:
 
     from spark_jobs.lib.tfrecord import decode_example, iter_records
 
-    model, _ = load_model(lake.join(run, "model"))
+    model, _ = load_model(lake.join(run, run_folder.MODEL_FOLDER))
     manifest = lake.read_json(lake.join(run, run_folder.MANIFEST_PATH))
     windows = [
         decode_example(record)
         for shard in manifest["splits"]["val"]["shards"]
-        for record in iter_records(lake.read_bytes(lake.join(run, "tfrecords", shard)))
+        for record in iter_records(lake.read_bytes(lake.join(run, run_folder.TFRECORDS_FOLDER, shard)))
     ]
     assert len(windows) == manifest["splits"]["val"]["windows"]
     inputs = np.stack([window["input_ids"] for window in windows]).astype(np.int32)
@@ -204,7 +204,7 @@ def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup
     assert [int(row["step"]) for row in rows] == [100, 200, 300, 400, 500, 600]
     resumed = [int(row["resumed_from_step"]) for row in rows]
     assert resumed[0] == 0 and resumed[-1] == stats["resumed_from_step"]
-    assert lake.exists(lake.join(run, "model", "model.keras"))
+    assert lake.exists(lake.join(run, run_folder.MODEL_FOLDER, run_folder.MODEL_FILE))
     assert not training_processes(run)
 
 
@@ -294,11 +294,11 @@ def test_a_worker_trains_from_an_s3_run_folder(prepared, monkeypatch, tmp_path):
         )
         result = run_worker(s3_run, config, tmp_path)
         assert result["steps"] == 10 and result["resumed_from_step"] == 0
-        assert lake.exists(lake.join(s3_run, "stats", "epochs.csv"))
+        assert lake.exists(lake.join(s3_run, run_folder.EPOCHS_CSV_PATH))
         # The worker leaves its backup: until the stage's driver marks the stage complete, a failure
         # (another worker's, or the driver's) must resume from it rather than from step 0.
         assert lake.exists(lake.join(s3_run, BACKUP))
-        model, tokenizer = load_model(lake.join(s3_run, "model"))
+        model, tokenizer = load_model(lake.join(s3_run, run_folder.MODEL_FOLDER))
         assert model.get_layer("embedding").vocab_size == tokenizer.get_vocab_size()
 
         # Run again reporting and evaluating more often, it resumes: those settings change no weight.
