@@ -29,7 +29,6 @@ from spark_jobs.generate import load_model
 from spark_jobs.lib import lake, memory, run_folder
 from spark_jobs.lib.config import REPO_ROOT, load_config
 from spark_jobs.lib.stages import PREPROCESSING_STAGES
-from spark_jobs.lib.train_state import BACKUP
 from spark_jobs.lib.train_stats import EPOCH_COLUMNS
 from spark_jobs.lib.trainer import build_optimizer
 from tests.conftest import small_config
@@ -86,10 +85,11 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     # A backup of another training: the stage says, in its log and its stats, that it starts over.
     stale = io.BytesIO()
     np.savez(stale, meta=np.array(json.dumps({"step": 20, "rows": [], "fingerprint": "another training"})))
-    lake.write_bytes(lake.join(run, BACKUP), stale.getvalue())
+    lake.write_bytes(lake.join(run, run_folder.BACKUP_PATH), stale.getvalue())
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     submit_stage("train", config, run, code)
-    ignored = f"ignoring the training backup {run}/{BACKUP} (step 20): it was taken with other settings or TFRecords"
+    backup = lake.join(run, run_folder.BACKUP_PATH)
+    ignored = f"ignoring the training backup {backup} (step 20): it was taken with other settings or TFRecords"
     assert f"WARNING [train] {ignored}; training starts from step 0" in capfd.readouterr().err
     # The workers leave without interpreter shutdown, so the source files TensorFlow's autograph
     # writes to the temporary folder would stay behind on every run unless the stage removed them.
@@ -188,7 +188,7 @@ def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup
     stage = threading.Thread(target=lambda: _run_capturing(failure, config, run, code))
     stage.start()
     deadline = time.monotonic() + 240
-    while not lake.exists(lake.join(run, BACKUP)):
+    while not lake.exists(lake.join(run, run_folder.BACKUP_PATH)):
         assert stage.is_alive() and time.monotonic() < deadline, "no backup appeared"
         time.sleep(0.05)
     victim = max(training_processes(run), key=lambda process: process.pid)
@@ -297,7 +297,7 @@ def test_a_worker_trains_from_an_s3_run_folder(prepared, monkeypatch, tmp_path):
         assert lake.exists(lake.join(s3_run, run_folder.EPOCHS_CSV_PATH))
         # The worker leaves its backup: until the stage's driver marks the stage complete, a failure
         # (another worker's, or the driver's) must resume from it rather than from step 0.
-        assert lake.exists(lake.join(s3_run, BACKUP))
+        assert lake.exists(lake.join(s3_run, run_folder.BACKUP_PATH))
         model, tokenizer = load_model(lake.join(s3_run, run_folder.MODEL_FOLDER))
         assert model.get_layer("embedding").vocab_size == tokenizer.get_vocab_size()
 

@@ -9,7 +9,7 @@ import pytest
 
 from spark_jobs.lib import lake, run_folder, train_data
 from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.lake import StageIncomplete
+from spark_jobs.lib.run_folder import StageIncomplete
 from spark_jobs.lib.train_stats import EPOCH_COLUMNS, IntervalStats, StepTimes, epochs_csv, nats_per_char
 from spark_jobs.train import settings_warnings, train
 from tests.conftest import new_run, small_config
