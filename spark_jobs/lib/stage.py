@@ -1,5 +1,6 @@
 """What every stage application shares: arguments, the run folder's config, the Spark session,
-the completion marker, and turning bad input into one clear error line and exit code 2."""
+running the stage between its completion markers (spark_jobs.lib.run_folder), and turning bad
+input into one clear error line and exit code 2."""
 
 from __future__ import annotations
 
