@@ -322,3 +322,38 @@ def test_a_stages_resume_folder_goes_only_once_the_stage_is_complete(tmp_path, m
         resume_folder=run_folder.BACKUP_FOLDER,
     )
     assert seen[-1] is False, "a completed stage run again starts over"
+
+
+def test_the_run_folder_contract_names_the_documented_paths():
+    """The paths the README and the design give the run folder, spelled out once here."""
+    assert run_folder.run_dir(load_config(overrides=[{"lake": "/lake"}]), "r1") == "file:///lake/runs/r1"
+    assert [run_folder.stats_path("train"), run_folder.error_path("train"), run_folder.progress_path("train")] == [
+        "stats/train.json",
+        "errors/train.json",
+        "progress/train.json",
+    ]
+    assert (run_folder.TOKENIZER_PATH, run_folder.TOKENS_FOLDER, run_folder.WINDOWS_FOLDER) == (
+        "tokenizer/tokenizer.json",
+        "tokens",
+        "windows",
+    )
+    assert (run_folder.TOKEN_VECTORS_PATH, run_folder.POSITIONS_PATH, run_folder.EMBEDDINGS_META_PATH) == (
+        "embeddings/token_vectors.npy",
+        "embeddings/positions.npy",
+        "embeddings/meta.json",
+    )
+    assert (run_folder.MANIFEST_PATH, run_folder.BACKUP_PATH, run_folder.EPOCHS_CSV_PATH) == (
+        "tfrecords/manifest.json",
+        "checkpoints/state.npz",
+        "stats/epochs.csv",
+    )
+    assert (run_folder.MODEL_FOLDER, run_folder.MODEL_FILE, run_folder.MODEL_TOKENIZER_FILE) == (
+        "model",
+        "model.keras",
+        "tokenizer.json",
+    )
+    assert (run_folder.CONFIG_FILE, run_folder.SAMPLES_PATH, run_folder.REPORTS) == (
+        "config.json",
+        "samples.txt",
+        ("report.json", "report.md"),
+    )
