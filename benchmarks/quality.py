@@ -69,9 +69,9 @@ def clone_run(run: str, suffix: str, config) -> str:
     source = Path(lake.local_path(run))
     target = source.with_name(f"{source.name}-{suffix}")
     shutil.rmtree(target, ignore_errors=True)
-    training = (run_folder.MODEL_FOLDER, run_folder.BACKUP_FOLDER, run_folder.stats_path("train"))
-    training += (run_folder.EPOCHS_CSV_PATH,)
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns(*(posixpath.basename(path) for path in training)))
+    training = [run_folder.MODEL_FOLDER, run_folder.BACKUP_FOLDER, run_folder.stats_path("train")]
+    names = [posixpath.basename(path) for path in [*training, run_folder.EPOCHS_CSV_PATH]]
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns(*names))
     uri = to_uri(str(target))
     lake.write_text(lake.join(uri, run_folder.CONFIG_FILE), config.to_json())
     return uri
