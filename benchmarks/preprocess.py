@@ -30,11 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include import class_archive  # noqa: E402
 from include.local_spark import submit_stage  # noqa: E402
-from include.spark_submit import PREPROCESSING_STAGES, package_code  # noqa: E402
-from spark_jobs.lib import bpe, lake  # noqa: E402
+from include.spark_submit import package_code  # noqa: E402
+from spark_jobs.lib import bpe, lake, run_folder  # noqa: E402
 from spark_jobs.lib.config import SHARED_CORPUS  # noqa: E402
 from spark_jobs.lib.config_files import load_config  # noqa: E402
 from spark_jobs.lib.overrides import add_set_argument  # noqa: E402
+from spark_jobs.lib.stages import PREPROCESSING_STAGES  # noqa: E402
 
 
 def build_corpus(folder: Path, megabytes: float, files: int) -> tuple[str, str, str]:
@@ -90,7 +91,7 @@ def measure(megabytes: float, files: int, overrides: list[str], cores: int, repe
     try:
         corpus, name, text = build_corpus(scratch, megabytes, files)
         config = load_config(overrides=[{"corpus": corpus, "lake": str(scratch / "lake")}] + overrides)
-        run = lake.create_run(config, "bench")
+        run = run_folder.create_run(config, "bench")
         code = scratch / "code"
         package_code(code)
         stages = {}
@@ -98,16 +99,16 @@ def measure(megabytes: float, files: int, overrides: list[str], cores: int, repe
             started = time.perf_counter()
             submit_stage(stage, config, run, code)
             wall = time.perf_counter() - started
-            stats = lake.read_json(lake.stats_uri(run, stage))
+            stats = lake.read_json(run_folder.stats_uri(run, stage))
             stages[stage] = {
                 "wall_s": wall,
                 "body_s": stats["duration_s"],
                 "overhead_s": wall - stats["duration_s"],
                 "timings": stats.get("timings", {}),
             }
-        tokenize = lake.read_json(lake.stats_uri(run, "tokenize"))
+        tokenize = lake.read_json(run_folder.stats_uri(run, "tokenize"))
         tokens = sum(split["tokens"] for split in tokenize["splits"].values())
-        tokenizer_json = lake.read_text(lake.join(run, lake.TOKENIZER_PATH))
+        tokenizer_json = lake.read_text(lake.join(run, run_folder.TOKENIZER_PATH))
         bare = bare_tokenizer(tokenizer_json, text, cores, repeats)
         return {"corpus": name, "mb": len(text.encode("utf-8")) / 1e6, "tokens": tokens, "stages": stages, "bare": bare}
     finally:

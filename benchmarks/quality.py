@@ -12,6 +12,7 @@ layers, 128 wide) reaches 1.886 val nats/char in 93.6 s; the goal is <= 1.75 in 
 from __future__ import annotations
 
 import argparse
+import posixpath
 import shutil
 import sys
 import tempfile
@@ -21,12 +22,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include.local_spark import submit_stage
-from include.spark_submit import PREPROCESSING_STAGES, packaged_code  # noqa: E402
+from include.spark_submit import packaged_code  # noqa: E402
 from local_platform.stage_runner import run_pipeline  # noqa: E402
-from spark_jobs.lib import lake  # noqa: E402
+from spark_jobs.lib import lake, run_folder  # noqa: E402
 from spark_jobs.lib.config import to_uri  # noqa: E402
 from spark_jobs.lib.config_files import load_config  # noqa: E402
 from spark_jobs.lib.overrides import add_set_argument  # noqa: E402
+from spark_jobs.lib.stages import PREPROCESSING_STAGES  # noqa: E402
 
 
 def main() -> None:
@@ -47,8 +49,8 @@ def main() -> None:
             )
             run = clone_run(base, f"{workers}w", worker_config)
             submit_stage("train", worker_config, run, code_dir)
-            rows.append((workers, lake.read_json(lake.stats_uri(run, "train"))))
-    export = lake.read_json(lake.join(base, lake.MANIFEST_PATH))
+            rows.append((workers, lake.read_json(run_folder.stats_uri(run, "train"))))
+    export = lake.read_json(lake.join(base, run_folder.MANIFEST_PATH))
     train = config.train
     print(
         f"\nconfig: vocab {export['vocab_size']}, block {config.data.block_size}, stride {config.data.stride}, "
@@ -69,9 +71,11 @@ def clone_run(run: str, suffix: str, config) -> str:
     source = Path(lake.local_path(run))
     target = source.with_name(f"{source.name}-{suffix}")
     shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("model", "checkpoints", "train.json", "epochs.csv"))
+    training = [run_folder.MODEL_FOLDER, run_folder.BACKUP_FOLDER, run_folder.stats_path("train")]
+    names = [posixpath.basename(path) for path in [*training, run_folder.EPOCHS_CSV_PATH]]
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns(*names))
     uri = to_uri(str(target))
-    lake.write_text(lake.join(uri, lake.CONFIG_FILE), config.to_json())
+    lake.write_text(lake.join(uri, run_folder.CONFIG_FILE), config.to_json())
     return uri
 
 

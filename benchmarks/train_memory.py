@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from include.spark_submit import PREPROCESSING_STAGES  # noqa: E402
 from local_platform.stage_runner import run_pipeline  # noqa: E402
-from spark_jobs.lib import lake, memory  # noqa: E402
+from spark_jobs.lib import lake, memory, run_folder  # noqa: E402
 from spark_jobs.lib.config import SHARED_CORPUS  # noqa: E402
 from spark_jobs.lib.config_files import load_config  # noqa: E402
+from spark_jobs.lib.stages import PREPROCESSING_STAGES  # noqa: E402
 
 SHORT_TRAINING = [
     "train.max_steps=3",
@@ -55,7 +55,7 @@ SHAPES = {
         "model.mlp_ratio=16",
     ],
 }
-STAGES = (*PREPROCESSING_STAGES, "train")
+MEASURED_STAGES = (*PREPROCESSING_STAGES, "train")
 
 
 def measure(corpus: Path, overrides: list[str], scratch: Path) -> tuple[dict, float, int]:
@@ -63,10 +63,10 @@ def measure(corpus: Path, overrides: list[str], scratch: Path) -> tuple[dict, fl
     config = load_config(
         overrides=[{"corpus": str(corpus), "lake": str(scratch / "lake")}] + SHORT_TRAINING + overrides
     )
-    run = run_pipeline(config, "memory", STAGES)
-    rows = list(csv.DictReader(io.StringIO(lake.read_text(lake.join(run, "stats", "epochs.csv")))))
+    run = run_pipeline(config, "memory", MEASURED_STAGES)
+    rows = list(csv.DictReader(io.StringIO(lake.read_text(lake.join(run, run_folder.EPOCHS_CSV_PATH)))))
     peak = max(float(row["process_memory_max_mb"]) for row in rows)
-    vocab = lake.read_json(lake.join(run, lake.MANIFEST_PATH))["vocab_size"]
+    vocab = lake.read_json(lake.join(run, run_folder.MANIFEST_PATH))["vocab_size"]
     return memory.worker_peak_mb(config, vocab), peak, vocab
 
 

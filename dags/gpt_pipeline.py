@@ -40,35 +40,30 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from include import emr, emr_tasks, local_spark, locks, preflight, trigger_form
-from include.collect import (
-    AWS_CONN_ID,
-    RunFolder,
-    check_bucket,
-    collect_record,
-    latest_folder,
-    promote_record,
-    remove_old_runs,
-)
+from include.airflow_names import DAG_ID, MODEL_ASSET_NAME
 from include.emr_tasks import EmrStageSensor
+from include.promote import latest_folder, promote_record
+from include.prune import remove_old_runs
+from include.record import AWS_CONN_ID, RunFolder, check_bucket, collect_record
 from include.schedule import cron_timetable
-from include.spark_submit import STAGES, packaged_code
-from spark_jobs.lib import lake, memory
+from include.spark_submit import packaged_code
+from spark_jobs.lib import corpus_files, lake, memory, run_folder
 from spark_jobs.lib import stages as stage_graph
 from spark_jobs.lib.config import ConfigError, PipelineConfig
 from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml
 from spark_jobs.lib.errors import name_some
 from spark_jobs.lib.overrides import DAG_SETTINGS, setting
 from spark_jobs.lib.stage import load_run_config
+from spark_jobs.lib.stages import STAGE_NAMES
 
 log = logging.getLogger(__name__)
 
-DAG_ID = "gpt_pipeline"
 CONFIG_PATH = defaults_path()  # include/config/pipeline.yaml unless GPT_PIPELINE_CONFIG names another
 CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form's values
 # With target emr the cluster's tasks are built with these when Airflow parses the DAG, too.
 EMR_DAG_SETTINGS = ("emr.aws_conn_id", "emr.region", "emr.poke_interval_seconds")
 # Updated when a run's model becomes latest; the event's extra names the run, its model and the pointer.
-MODEL_ASSET = Asset(name="gpt_pipeline_model", uri=latest_folder(CONFIG))
+MODEL_ASSET = Asset(name=MODEL_ASSET_NAME, uri=latest_folder(CONFIG))
 
 
 def corpus_asset(uri: str) -> Asset:
@@ -120,11 +115,11 @@ def validate_config() -> str:
 
     config, run_id = form_config()
     check_bucket(S3Hook(aws_conn_id=AWS_CONN_ID), config.s3.bucket, "s3.bucket")  # collect's, before any Spark runs
-    checked = check_run(config, lake.corpus_files(config))
+    checked = check_run(config, corpus_files.corpus_files(config))
     log.info("training: %s", memory.describe(checked.training))
     if checked.exposure:
         log.warning(checked.exposure)
-    run_dir = lake.create_run(config, run_id)
+    run_dir = run_folder.create_run(config, run_id)
     log.info("run folder: %s", run_dir)
     return run_dir
 
@@ -145,7 +140,7 @@ def require_run_folder(run_dir: str, hook) -> None:
     """A run folder that is gone fails the task without its retry, which would fail the same way
     and hold the one active run meanwhile: keep_runs removes older collected runs, whose tasks may
     still be cleared in the UI."""
-    if not RunFolder(run_dir, hook).has(lake.CONFIG_FILE):
+    if not RunFolder(run_dir, hook).has(run_folder.CONFIG_FILE):
         raise AirflowFailException(
             f"run folder {run_dir} is gone (keep_runs removes older collected runs) or was never made: "
             "trigger a new run instead"
@@ -165,7 +160,7 @@ def run_local_stage(stage: str, run_dir: str) -> dict:
             if error.bad_input:  # fail without the retry, which would stop on the same input
                 raise AirflowFailException(str(error)) from error
             raise
-    return local_spark.headline(lake.read_json(lake.stats_uri(run_dir, stage)))
+    return local_spark.headline(lake.read_json(run_folder.stats_uri(run_dir, stage)))
 
 
 @task
@@ -182,7 +177,7 @@ def collect(run_dir: str, cluster_id: str | None = None) -> dict:
         config = RunFolder(run_dir, s3).config()
         client = EmrHook(aws_conn_id=config.emr.aws_conn_id, region_name=config.emr.region).conn
         extra["emr"] = emr.cluster_record(client, cluster_id, config)
-    report = collect_record(run_dir, s3, STAGES, extra)
+    report = collect_record(run_dir, s3, STAGE_NAMES, extra)
     log.info(
         "record: %s  final val loss: %s  val nats/char: %s",
         report["s3_uri"],
@@ -238,7 +233,7 @@ with DAG(
 ) as dag:
     if CONFIG.target == "local":
         run_dir = validate_config()
-        stages = [run_local_stage.override(task_id=stage)(stage, run_dir) for stage in STAGES]
+        stages = [run_local_stage.override(task_id=stage)(stage, run_dir) for stage in STAGE_NAMES]
         report = collect(run_dir)
         chain(run_dir, *stages, report)
         promote(report)
@@ -272,7 +267,7 @@ with DAG(
                 **emr.sensor_limits(stage, CONFIG),
                 **aws,
             )
-            for stage in STAGES
+            for stage in STAGE_NAMES
         ]
         report = collect(run_dir, cluster_id)
 

@@ -11,7 +11,7 @@ import sys
 
 from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-from include.collect import AWS_CONN_ID
+from include.record import AWS_CONN_ID
 from spark_jobs.lib.config_files import load_config
 
 

@@ -15,11 +15,12 @@ from typing import Any
 
 import yaml
 
-from include.spark_submit import STAGES, packaged_code, spark_submit_argv
-from spark_jobs.lib import lake, memory
+from include.spark_submit import packaged_code, spark_submit_argv
+from spark_jobs.lib import corpus_files, lake, memory, run_folder
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
 from spark_jobs.lib.config_files import defaults_path
 from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.stages import STAGE_NAMES
 
 CONFIG_DIR = REPO_ROOT / "include" / "config"
 TEMPLATE_PATH = CONFIG_DIR / "emr_cluster.yaml"
@@ -43,7 +44,7 @@ def read_template() -> dict:
 
 
 def code_uri(config: PipelineConfig, run_id: str) -> str:
-    return lake.join(config.emr.code_prefix, lake.safe_run_id(run_id))
+    return lake.join(config.emr.code_prefix, run_folder.safe_run_id(run_id))
 
 
 def instance_type(config: PipelineConfig, field: str, template: dict | None = None) -> dict:
@@ -82,10 +83,10 @@ def job_flow_overrides(config: PipelineConfig, run_id: str) -> dict:
     template = read_template()
     instance_type(config, "master_instance_type", template)
     instance_type(config, "core_instance_type", template)
-    tags = {**config.emr.tags, "run_id": lake.safe_run_id(run_id)}
+    tags = {**config.emr.tags, "run_id": run_folder.safe_run_id(run_id)}
     values = {f"emr.{key}": value for key, value in config.emr.model_dump().items()}
     values |= {
-        "run_id": lake.safe_run_id(run_id),
+        "run_id": run_folder.safe_run_id(run_id),
         "code_uri": code_uri(config, run_id),
         "venv": template["venv"],
         "core_market": "SPOT" if config.emr.core_spot else "ON_DEMAND",
@@ -148,7 +149,7 @@ def stage_step(stage: str, config: PipelineConfig, run_id: str) -> dict:
         stage,
         config,
         code_uri=code_uri(config, run_id),
-        run_dir=lake.run_dir(config, run_id),
+        run_dir=run_folder.run_dir(config, run_id),
         master=MASTER,
         deploy_mode=DEPLOY_MODE,
         resources=train_resources(config) if stage == "train" else cluster_parallelism(config),
@@ -188,7 +189,7 @@ def sensor_limits(stage: str, config: PipelineConfig) -> dict[str, int]:
 def check_sensor_limits(run_config: PipelineConfig, dag_config: PipelineConfig) -> None:
     """Sensor limits are fixed when the DAG is parsed; a run whose overrides (e.g. a larger
     train.max_steps) need more time is stopped before any cluster is created."""
-    for stage in STAGES:
+    for stage in STAGE_NAMES:
         needed = sensor_limits(stage, run_config)["timeout"]
         allowed = sensor_limits(stage, dag_config)["timeout"]
         if needed > allowed:
@@ -219,7 +220,7 @@ def max_cluster_hours(config: PipelineConfig, dag_config: PipelineConfig | None 
     idle timeout (in case Airflow is gone and no one terminates it). The time limits in force are
     the DAG's (`dag_config`), set when Airflow parsed it; a run's own can only be lower."""
     limits = dag_config or config
-    seconds = (1 + STEP_RETRIES) * sum(sensor_limits(stage, limits)["timeout"] for stage in STAGES)
+    seconds = (1 + STEP_RETRIES) * sum(sensor_limits(stage, limits)["timeout"] for stage in STAGE_NAMES)
     return round(seconds / 3600 + config.emr.idle_timeout_minutes / 60, 2)
 
 
@@ -280,11 +281,11 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
 
 def corpus_objects(config: PipelineConfig, s3_hook) -> dict[str, int]:
     """Every corpus object on S3 with its size, matched as the tokenize stage matches them
-    (lake.expand: an object, a folder's objects, or globs), or a PipelineError naming the pattern
+    (corpus_files.expand: an object, a folder's objects, or globs), or a PipelineError naming the pattern
     that matched nothing: checked before a cluster is created."""
     found = {}
     for pattern in config.corpus:
-        folder, globs = lake.split_glob(pattern)
+        folder, globs = corpus_files.split_glob(pattern)
         # A name holding a glob's characters ('Hamlet [1603].txt') is taken as it is when it exists.
         matched = matching_objects(s3_hook, pattern, []) if globs else {}
         matched = matched or matching_objects(s3_hook, folder, globs)
@@ -306,7 +307,7 @@ def matching_objects(s3_hook, folder: str, globs: list[str]) -> dict[str, int]:
         if key == prefix and not globs:
             return {f"s3://{bucket}/{key}": item["Size"]}
         below = not prefix or key.startswith(prefix + "/")
-        if below and not key.endswith("/") and lake.matches(relative.split("/"), globs or ["**"]):
+        if below and not key.endswith("/") and corpus_files.matches(relative.split("/"), globs or ["**"]):
             matched[f"s3://{bucket}/{key}"] = item["Size"]
     return matched
 
@@ -321,5 +322,5 @@ def upload_run(config: PipelineConfig, run_id: str, s3_client) -> None:
         for name, path in sorted(files.items()):
             bucket, key = split_s3_uri(lake.join(code, name))
             s3_client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
-    bucket, key = split_s3_uri(lake.join(lake.run_dir(config, run_id), lake.CONFIG_FILE))
+    bucket, key = split_s3_uri(lake.join(run_folder.run_dir(config, run_id), run_folder.CONFIG_FILE))
     s3_client.put_object(Bucket=bucket, Key=key, Body=config.to_json().encode("utf-8"))

@@ -20,10 +20,10 @@ from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from include import emr
-from include.collect import RunFolder, check_bucket
-from include.spark_submit import STAGES
-from spark_jobs.lib import lake, memory
+from include.record import RunFolder, check_bucket
+from spark_jobs.lib import memory, run_folder
 from spark_jobs.lib.config import PipelineConfig
+from spark_jobs.lib.stages import STAGE_NAMES
 
 log = logging.getLogger(__name__)
 ENDED_STATES = ("TERMINATING", "TERMINATED", "TERMINATED_WITH_ERRORS")
@@ -38,7 +38,7 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> 
     need = memory.check_training_fits(config, worker_mb, where)
     log.info("training: %s, of the %s MB a worker has", memory.describe(need), f"{worker_mb:,}")
     request = emr.job_flow_overrides(config, run_id)
-    steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in STAGES}
+    steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in STAGE_NAMES}
     hourly, hours = emr.check_budget(config, dag_config)
     log.info(
         "cluster: about $%.2f per hour on demand; at most %.1f hours (about $%.0f) with these limits",
@@ -50,7 +50,7 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> 
     # Without it EMR would start the cluster and lose its logs.
     check_bucket(s3, emr.split_s3_uri(config.emr.log_uri)[0], "emr.log_uri")
     emr.upload_run(config, run_id, s3.get_conn())
-    return {"run_dir": lake.run_dir(config, run_id), "job_flow_overrides": request, **steps}
+    return {"run_dir": run_folder.run_dir(config, run_id), "job_flow_overrides": request, **steps}
 
 
 def step_name(stage: str, try_number: int) -> str:
@@ -95,7 +95,7 @@ class EmrStageSensor(EmrStepSensor):
         newest = next(iter(self.stage_steps()), None)
         if newest is None or (newest["Status"]["State"] in self.failed_states and newest["Name"] != name):
             self.check_cluster_running()  # EMR refuses a step on a cluster that ended: say why, without the retry
-            self.run_folder().remove(lake.error_path(self.stage))  # an earlier try's error is not this step's
+            self.run_folder().remove(run_folder.error_path(self.stage))  # an earlier try's error is not this step's
             (step_id,) = self.hook.add_job_flow_steps(job_flow_id=self.job_flow_id, steps=[{**self.step, "Name": name}])
             self.log.info("added step %s (%s) to cluster %s", step_id, name, self.job_flow_id)
             return step_id
@@ -114,7 +114,7 @@ class EmrStageSensor(EmrStepSensor):
         """Log how far the running stage is, from the progress file it keeps in the run folder (train
         does), so that the task's log follows a long step; the step's own log reaches S3 only after it."""
         try:
-            run, path = self.run_folder(), lake.progress_path(self.stage)
+            run, path = self.run_folder(), run_folder.progress_path(self.stage)
             if run.has(path):
                 self.log.info("%s: %s", self.stage, describe_progress(run.read_json(path)))
         except Exception as error:  # reading progress must never fail the wait
@@ -153,7 +153,7 @@ class EmrStageSensor(EmrStepSensor):
             raise AirflowFailException(f"{self.stage}: step {self.step_id} ran out of its time limit ({limit:,} s)")
 
     def report_stage_error(self) -> None:
-        path, run = lake.error_path(self.stage), self.run_folder()
+        path, run = run_folder.error_path(self.stage), self.run_folder()
         if not run.has(path):
             self.log.error(
                 "%s left no %s in the run folder: its step log (stderr.gz) under emr.log_uri says why", self.stage, path

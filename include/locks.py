@@ -9,10 +9,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.errors import PipelineError
-
-RUN_FOLDER_LOCK = ".in-use.lock"  # hidden: no reader of the run folder takes it for an output
 
 
 class InUse(PipelineError):
@@ -45,5 +43,5 @@ def run_folder_held(run_dir: str, holder: str) -> Iterator[None]:
         yield
         return
     message = lambda other: f"run folder {run_dir} is in use by {other}: wait for it to end, or use another run"  # noqa: E731
-    with held(Path(lake.local_path(run_dir)) / RUN_FOLDER_LOCK, holder, message):
+    with held(Path(lake.local_path(run_dir)) / run_folder.LOCK_FILE, holder, message):
         yield

@@ -14,18 +14,9 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from spark_jobs.lib import stages
 from spark_jobs.lib.config import REPO_ROOT, PipelineConfig
 
-STAGE_FILES = {
-    "tokenize": "tokenize_corpus.py",
-    "window": "window.py",
-    "positional_embed": "positional_embed.py",
-    "export": "export_tfrecord.py",
-    "train": "train.py",
-    "generate": "generate.py",
-}
-STAGES = tuple(STAGE_FILES)
-PREPROCESSING_STAGES = STAGES[: STAGES.index("train")]
 LIBRARY_ZIP = "spark_jobs.zip"
 
 
@@ -34,8 +25,8 @@ def package_code(dest: Path) -> Path:
     source = REPO_ROOT / "spark_jobs"
     entries = dest / "spark_jobs"
     entries.mkdir(parents=True, exist_ok=True)
-    for name in STAGE_FILES.values():
-        (entries / name).write_bytes((source / name).read_bytes())
+    for stage in stages.STAGES:
+        (entries / stage.app_file).write_bytes((source / stage.app_file).read_bytes())
     archive = dest / LIBRARY_ZIP
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
         for file in sorted(source.rglob("*.py")):
@@ -79,11 +70,10 @@ def spark_submit_argv(
     resources: dict[str, str] | None = None,
 ) -> list[str]:
     """`resources`: the target's executor sizing (EMR sizes the train executors to whole nodes)."""
-    if stage not in STAGE_FILES:
-        raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+    app_file = stages.by_name(stage).app_file  # a ValueError for an unknown stage
     argv = ["spark-submit", "--master", master, "--deploy-mode", deploy_mode, "--name", f"gpt-pipeline-{stage}"]
     for key, value in {**stage_conf(stage), **(resources or {})}.items():
         argv += ["--conf", f"{key}={value}"]
     code = code_uri.rstrip("/")
-    argv += ["--py-files", f"{code}/{LIBRARY_ZIP}", f"{code}/spark_jobs/{STAGE_FILES[stage]}"]
+    argv += ["--py-files", f"{code}/{LIBRARY_ZIP}", f"{code}/spark_jobs/{app_file}"]
     return argv + ["--run-dir", run_dir]

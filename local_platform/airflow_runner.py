@@ -29,18 +29,18 @@ from contextlib import closing
 from pathlib import Path
 
 from include import locks, preflight
-from include.collect import REPORT_JSON, REPORT_TEXT, latest_key
+from include.airflow_names import DAG_ID
+from include.promote import latest_key
 from include.schedule import cron_timetable
-from include.spark_submit import STAGES
 from local_platform import process_tree
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib import corpus, lake
+from spark_jobs.lib import corpus, corpus_files, lake, run_folder
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
 from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml
 from spark_jobs.lib.errors import PipelineError, name_some
 from spark_jobs.lib.overrides import DAG_SETTINGS, add_set_argument, apply_overrides, setting
+from spark_jobs.lib.stages import STAGE_NAMES
 
-DAG_ID = "gpt_pipeline"
 # Tests give the command a home of their own through this variable.
 AIRFLOW_HOME = Path(os.environ.get("GPT_PIPELINE_AIRFLOW_HOME") or REPO_ROOT / "airflow_home")
 AIRFLOW = Path(sys.executable).parent / "airflow"
@@ -170,10 +170,12 @@ def read_report(s3: LocalS3, config: PipelineConfig) -> dict:
     client = s3.client()
     prefix = config.s3.prefix.strip("/")
     listing = client.list_objects_v2(Bucket=config.s3.bucket, Prefix=f"{prefix}/" if prefix else "")
-    reports = [item["Key"] for item in listing.get("Contents", []) if item["Key"].endswith("/" + REPORT_JSON)]
+    reports = [
+        item["Key"] for item in listing.get("Contents", []) if item["Key"].endswith("/" + run_folder.REPORT_JSON)
+    ]
     if len(reports) != 1:
         location = f"s3://{config.s3.bucket}/{config.s3.prefix}/"
-        raise PipelineError(f"expected one {REPORT_JSON} in {location}, found {reports}")
+        raise PipelineError(f"expected one {run_folder.REPORT_JSON} in {location}, found {reports}")
     return json.loads(client.get_object(Bucket=config.s3.bucket, Key=reports[0])["Body"].read())
 
 
@@ -186,7 +188,7 @@ def latest_pointer(s3: LocalS3, config: PipelineConfig) -> tuple[str, dict]:
 
 def run_folders(config: PipelineConfig) -> set[str]:
     """The names of the local lake's run folders, to tell which ones prune_runs removed."""
-    runs = Path(lake.local_path(config.lake), "runs")
+    runs = Path(lake.local_path(run_folder.runs_folder(config.lake)))
     return {path.name for path in runs.iterdir()} if runs.is_dir() else set()
 
 
@@ -194,9 +196,9 @@ def stage_error(config: PipelineConfig, new_folders: set[str]) -> str:
     """Where a failed run stopped, from the error a stage left in its run folder (the line to act
     on, far up in the task logs), else where to look."""
     for name in new_folders:
-        folder = lake.join(config.lake, "runs", name)
-        for stage in STAGES:
-            uri = lake.join(folder, lake.error_path(stage))
+        folder = lake.join(run_folder.runs_folder(config.lake), name)
+        for stage in STAGE_NAMES:
+            uri = lake.join(folder, run_folder.error_path(stage))
             if lake.exists(uri):
                 return f" in stage {stage}: {lake.read_json(uri)['error']}"
     return "; see the task logs above"
@@ -204,7 +206,7 @@ def stage_error(config: PipelineConfig, new_folders: set[str]) -> str:
 
 def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterable[str] = ()) -> None:
     print(f"\nrun folder:       {report['run_folder']}")
-    print(f"report:           {report['run_folder']}/{REPORT_TEXT}")
+    print(f"report:           {report['run_folder']}/{run_folder.REPORT_TEXT}")
     print(f"S3 record:        {report['s3_uri']} (served by the moto server, gone when this command ends)")
     print(f"latest model:     {pointer_uri} -> {pointer['model']}")
     print(f"final val loss:   {report['final_val_loss']:.4f} nats/token")
@@ -217,8 +219,8 @@ def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterabl
             f"earlier make runs ended with them): {name_some(sorted(removed))}"
         )
     print(f"generated sample:\n{report['sample']}")
-    model = shlex.quote(lake.local_path(report["run_folder"]) + "/model")
-    prompt = shlex.quote(lake.read_json(lake.join(report["run_folder"], lake.CONFIG_FILE))["generate"]["prompt"])
+    model = shlex.quote(lake.local_path(lake.join(report["run_folder"], run_folder.MODEL_FOLDER)))
+    prompt = shlex.quote(lake.read_json(lake.join(report["run_folder"], run_folder.CONFIG_FILE))["generate"]["prompt"])
     print(f"\nmore samples:     .venv/bin/python -m spark_jobs.generate --model-dir {model} --prompt {prompt}")
 
 
@@ -383,7 +385,7 @@ def warn_unusable_corpus(config: PipelineConfig) -> None:
     """Say so when the default corpus would fail a run: the UI still starts, for runs that name
     another corpus in the trigger form."""
     try:
-        corpus.check_fits(config, lake.corpus_files(config))
+        corpus.check_fits(config, corpus_files.corpus_files(config))
     except PipelineError as error:
         print(
             f"WARNING {error}: a run needs another corpus in the trigger form, or {defaults_path().name}'s",
@@ -417,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "ui":
             warn_unusable_corpus(config)
             return ui(config)
-        checked = preflight.check_run(config, lake.corpus_files(config))
+        checked = preflight.check_run(config, corpus_files.corpus_files(config))
         if checked.exposure:
             print(f"WARNING {checked.exposure}", file=sys.stderr)
         return run(config, conf)

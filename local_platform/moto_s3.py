@@ -17,7 +17,7 @@ import boto3
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
-from include.collect import AWS_CONN_ID
+from include.record import AWS_CONN_ID
 
 REGION = "us-east-1"
 # This machine's AWS settings that would steer a client past the made-up credentials (a profile,

@@ -16,13 +16,13 @@ from pathlib import Path
 
 from include import locks, preflight
 from include.local_spark import StageFailed, headline, submit_stage
-from include.spark_submit import STAGES, packaged_code
-from spark_jobs.lib import lake
-from spark_jobs.lib import stages as stage_graph
+from include.spark_submit import packaged_code
+from spark_jobs.lib import corpus_files, lake, run_folder
 from spark_jobs.lib.config import ConfigError, PipelineConfig, to_uri
 from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml, validate
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.overrides import add_set_argument, apply_overrides
+from spark_jobs.lib.stages import STAGE_NAMES, by_name
 
 
 def describe(stage: str, stats: dict) -> list[str]:
@@ -45,8 +45,8 @@ def figure(value) -> str:
 
 
 def run_pipeline(config: PipelineConfig, run_id: str, stages: tuple[str, ...] | None = None) -> str:
-    stages = STAGES if stages is None else stages
-    run_dir = lake.create_run(config, run_id)
+    stages = STAGE_NAMES if stages is None else stages
+    run_dir = run_folder.create_run(config, run_id)
     with packaged_code() as code_dir:
         for stage in stages:
             print(f"== {stage}", flush=True)
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--stages",
-        default=",".join(STAGES),
+        default=",".join(STAGE_NAMES),
         help="comma-separated stages to run; they run in pipeline order (default: all)",
     )
     return parser.parse_args(argv)
@@ -75,12 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def chosen_stages(names: str) -> tuple[str, ...]:
     """--stages as stages in pipeline order, whatever order they were named in."""
     named = [name.strip() for name in names.split(",") if name.strip()]
-    unknown = [name for name in named if name not in STAGES]
+    unknown = [name for name in named if name not in STAGE_NAMES]
     if unknown:
-        raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}")
+        raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGE_NAMES)}")
     if not named:
-        raise ConfigError(f"--stages names no stage; stages are {', '.join(STAGES)}")
-    return tuple(stage for stage in STAGES if stage in named)
+        raise ConfigError(f"--stages names no stage; stages are {', '.join(STAGE_NAMES)}")
+    return tuple(stage for stage in STAGE_NAMES if stage in named)
 
 
 def new_run_id(config: PipelineConfig, name: str) -> str:
@@ -88,7 +88,7 @@ def new_run_id(config: PipelineConfig, name: str) -> str:
     is made here, at once, so that two commands never share one."""
     for number in itertools.count(1):
         run_id = name if number == 1 else f"{name}-{number}"
-        folder = Path(lake.local_path(lake.run_dir(config, run_id)))
+        folder = Path(lake.local_path(run_folder.run_dir(config, run_id)))
         folder.parent.mkdir(parents=True, exist_ok=True)
         try:
             folder.mkdir()
@@ -101,7 +101,7 @@ def check_new_run_has_inputs(stages: tuple[str, ...], run_id: str | None) -> Non
     """In a new run folder nothing has completed: every stage's inputs must run too."""
     run = f"run {run_id} does not exist yet" if run_id else "without --run-id the run is new"
     for stage in stages:
-        missing = [source for source in stage_graph.INPUTS[stage] if source not in stages]
+        missing = [source for source in by_name(stage).inputs if source not in stages]
         if missing:
             raise ConfigError(
                 f"{run}, and stage {stage} reads the outputs of {', '.join(missing)}: "
@@ -129,7 +129,7 @@ def existing_run_config(config_path: str | None, overrides: list, run_id: str) -
         lake_uri = to_uri(str(settings.get("lake") or ""))
     except ValueError:
         return None  # a bad lake: the config model names it
-    uri = lake.join(lake_uri, "runs", lake.safe_run_id(run_id), lake.CONFIG_FILE)
+    uri = lake.join(run_folder.runs_folder(lake_uri), run_folder.safe_run_id(run_id), run_folder.CONFIG_FILE)
     return json.loads(lake.read_text(uri)) if lake.exists(uri) else None
 
 
@@ -151,13 +151,15 @@ def main(argv: list[str] | None = None) -> int:
                 "target emr runs from the DAG; to run here, add --set target=local --set lake=lake"
             )
         stages = chosen_stages(args.stages)
-        if not (args.run_id and lake.exists(lake.join(lake.run_dir(config, args.run_id), lake.CONFIG_FILE))):
+        if not (
+            args.run_id and lake.exists(lake.join(run_folder.run_dir(config, args.run_id), run_folder.CONFIG_FILE))
+        ):
             check_new_run_has_inputs(stages, args.run_id)
-        sizes = lake.corpus_files(config) if "tokenize" in stages else None
+        sizes = corpus_files.corpus_files(config) if "tokenize" in stages else None
         if exposed := preflight.check_run(config, sizes, stages).exposure:
             print(f"WARNING {exposed}", file=sys.stderr)
         run_id = args.run_id or new_run_id(config, f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")
-        with locks.run_folder_held(lake.run_dir(config, run_id), "python -m local_platform.stage_runner"):
+        with locks.run_folder_held(run_folder.run_dir(config, run_id), "python -m local_platform.stage_runner"):
             run_dir = run_pipeline(config, run_id, stages)
     except (PipelineError, StageFailed) as error:
         print(f"ERROR {error}", file=sys.stderr)
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(f"run folder: {run_dir}")
     for stage in stages:
-        print("\n".join(describe(stage, lake.read_json(lake.stats_uri(run_dir, stage)))))
+        print("\n".join(describe(stage, lake.read_json(run_folder.stats_uri(run_dir, stage)))))
     return 0
 
 

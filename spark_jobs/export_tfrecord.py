@@ -19,7 +19,7 @@ from __future__ import annotations
 import posixpath
 import time
 
-from spark_jobs.lib import lake, parts, tfrecord
+from spark_jobs.lib import lake, parts, run_folder, tfrecord
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage
 from spark_jobs.lib.windows import SPLITS
@@ -92,15 +92,15 @@ def write_shards(staging: str, shards: int):
 
 def body(spark, config, run: str) -> dict:
     sc = spark.sparkContext
-    tokenize = lake.require_stage(run, "tokenize")
-    window = lake.require_stage(run, "window")
+    tokenize = run_folder.require_stage(run, "tokenize")
+    window = run_folder.require_stage(run, "window")
     block_size, shards = config.data.block_size, config.data.shards
-    final = lake.join(run, "tfrecords")
-    staging = lake.join(run, "_staging", "export")
+    final = lake.join(run, run_folder.TFRECORDS_FOLDER)
+    staging = lake.join(run, run_folder.STAGING_FOLDER, "export")
     lake.delete(final)
     lake.delete(staging)
     started = time.perf_counter()
-    files = parts.stage_parquet_files(run, "window", "windows")
+    files = parts.stage_parquet_files(run, "window", run_folder.WINDOWS_FOLDER)
     n_keys = len(SPLITS) * shards
     results = (
         sc.parallelize(files, len(files))
@@ -135,14 +135,14 @@ def body(spark, config, run: str) -> dict:
         fs.create_dir(posixpath.join(final_path, split), recursive=True)
         for name in splits[split]["shards"]:
             lake.move_file(fs, posixpath.join(staging_path, name), posixpath.join(final_path, name))
-    lake.delete(lake.join(run, "_staging"))
+    lake.delete(lake.join(run, run_folder.STAGING_FOLDER))
     manifest = {
         "block_size": block_size,
         "vocab_size": config.tokenizer.vocab_size,
         "num_shards": shards,
         "splits": splits,
     }
-    manifest_uri = lake.join(run, lake.MANIFEST_PATH)
+    manifest_uri = lake.join(run, run_folder.MANIFEST_PATH)
     lake.write_json(manifest_uri, manifest)
     timings["publish_s"] = time.perf_counter() - started
     return {

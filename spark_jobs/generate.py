@@ -19,12 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from spark_jobs.lib import bpe, lake
+from spark_jobs.lib import bpe, lake, run_folder
 from spark_jobs.lib.config import GenerateConfig, PipelineConfig, to_uri
 from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage
-from spark_jobs.lib.train_state import MODEL_DIR, MODEL_FILE, TOKENIZER_FILE
 
 
 def load_model(model_folder: str):
@@ -35,12 +34,14 @@ def load_model(model_folder: str):
     import spark_jobs.lib.model  # noqa: F401  registers the decoder's layers for loading
 
     model_uri = to_uri(str(model_folder))
-    for name in (MODEL_FILE, TOKENIZER_FILE):
+    for name in (run_folder.MODEL_FILE, run_folder.MODEL_TOKENIZER_FILE):
         if not lake.exists(lake.join(model_uri, name)):
             raise PipelineError(f"{model_uri} holds no {name}: is it a model folder written by the train stage?")
     with tempfile.TemporaryDirectory(prefix="gpt-pipeline-model-") as local:
-        model = keras.saving.load_model(lake.download_file(lake.join(model_uri, MODEL_FILE), Path(local) / MODEL_FILE))
-    tokenizer = Tokenizer.from_str(lake.read_text(lake.join(model_uri, TOKENIZER_FILE)))
+        model = keras.saving.load_model(
+            lake.download_file(lake.join(model_uri, run_folder.MODEL_FILE), Path(local) / run_folder.MODEL_FILE)
+        )
+    tokenizer = Tokenizer.from_str(lake.read_text(lake.join(model_uri, run_folder.MODEL_TOKENIZER_FILE)))
     return model, tokenizer
 
 
@@ -60,8 +61,10 @@ def newest_model(config: PipelineConfig) -> str:
     """The model folder of the local lake's newest run that has one (what `make run` left last)."""
     if not config.lake.startswith("file://"):
         raise PipelineError(f"lake {config.lake} is not on local disk: give --model-dir or --latest")
-    runs = Path(lake.local_path(config.lake), "runs")
-    models = sorted(runs.glob(f"*/{MODEL_DIR}/{MODEL_FILE}"), key=lambda path: path.stat().st_mtime)
+    runs = Path(lake.local_path(run_folder.runs_folder(config.lake)))
+    models = sorted(
+        runs.glob(f"*/{run_folder.MODEL_FOLDER}/{run_folder.MODEL_FILE}"), key=lambda path: path.stat().st_mtime
+    )
     if not models:
         raise PipelineError(f"no run in {runs} has a model yet: run `make run`, or give --model-dir or --latest")
     print(f"model: {models[-1].parent} (the newest run's)", file=sys.stderr)
@@ -125,10 +128,10 @@ def samples(model, tokenizer, settings: GenerateConfig) -> str:
 
 
 def generate_stage(spark, config: PipelineConfig, run: str) -> dict:
-    lake.require_stage(run, "train")
-    model, tokenizer = load_model(lake.join(run, MODEL_DIR))
+    run_folder.require_stage(run, "train")
+    model, tokenizer = load_model(lake.join(run, run_folder.MODEL_FOLDER))
     text = samples(model, tokenizer, config.generate)
-    lake.write_text(lake.join(run, lake.SAMPLES_PATH), text + "\n")
+    lake.write_text(lake.join(run, run_folder.SAMPLES_PATH), text + "\n")
     print(text, flush=True)
     return {
         "prompt": config.generate.prompt,

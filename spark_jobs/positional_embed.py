@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from spark_jobs.lib import embeddings, lake, parts
+from spark_jobs.lib import embeddings, lake, parts, run_folder
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage
 
@@ -45,7 +45,7 @@ def word2vec_vectors(spark, config, run: str, train_windows: int) -> tuple[dict[
     settings = config.embedding.word2vec
     started = time.perf_counter()
     every = max(1, math.ceil(train_windows / settings.max_sentences))
-    files = parts.stage_parquet_files(run, "window", "windows")
+    files = parts.stage_parquet_files(run, "window", run_folder.WINDOWS_FOLDER)
     rows = spark.sparkContext.parallelize(files, len(files)).flatMap(read_sentences(every))
     sentences = spark.createDataFrame(rows, "sentence array<string>").cache()
     n_sentences = sentences.count()
@@ -91,8 +91,8 @@ def word2vec_vectors(spark, config, run: str, train_windows: int) -> tuple[dict[
 
 
 def body(spark, config, run: str) -> dict:
-    tokenize = lake.require_stage(run, "tokenize")
-    window = lake.require_stage(run, "window")
+    tokenize = run_folder.require_stage(run, "tokenize")
+    window = run_folder.require_stage(run, "window")
     vocab_size, dim, block_size = config.tokenizer.vocab_size, config.embedding.dim, config.data.block_size
     settings = config.embedding.word2vec
     learned, word2vec, timings = {}, {"enabled": settings.enabled}, {}
@@ -106,11 +106,10 @@ def body(spark, config, run: str) -> dict:
     tokenizer_vocab = tokenize["tokenizer"]["vocab_size"]
 
     started = time.perf_counter()
-    folder = lake.join(run, embeddings.FOLDER)
     outputs = {
-        "token_vectors": lake.join(folder, embeddings.TOKEN_VECTORS_FILE),
-        "positions": lake.join(folder, embeddings.POSITIONS_FILE),
-        "meta": lake.join(folder, "meta.json"),
+        "token_vectors": lake.join(run, run_folder.TOKEN_VECTORS_PATH),
+        "positions": lake.join(run, run_folder.POSITIONS_PATH),
+        "meta": lake.join(run, run_folder.EMBEDDINGS_META_PATH),
     }
     embeddings.write_npy(outputs["token_vectors"], embeddings.token_table(vocab_size, dim, settings.seed, learned))
     embeddings.write_npy(outputs["positions"], embeddings.sinusoidal(block_size, dim))

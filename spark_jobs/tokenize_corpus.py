@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from spark_jobs.lib import bpe, corpus, lake, parts
+from spark_jobs.lib import bpe, corpus, corpus_files, lake, parts, run_folder
 from spark_jobs.lib.stage import run_stage, warn
 from spark_jobs.lib.windows import SPLITS, check_windows, plan_windows
 from spark_jobs.lib.windows import Piece as WindowPiece
@@ -109,7 +109,7 @@ def body(spark, config, run: str) -> dict:
     sc = spark.sparkContext
     timings = {}
     started = time.perf_counter()
-    files = list(lake.corpus_files(config).items())
+    files = list(corpus_files.corpus_files(config).items())
     pieces = corpus.plan_pieces(files, sc.defaultParallelism)
     task_bytes = corpus.piece_bytes(sum(size for _, size in files), sc.defaultParallelism)
     groups = corpus.pack(pieces, corpus.piece_size, task_bytes)
@@ -163,7 +163,10 @@ def body(spark, config, run: str) -> dict:
             "sample_cap_bytes": config.tokenizer.sample_cap_bytes,
         },
         "timings": timings,
-        "outputs": {"tokenizer": lake.join(run, lake.TOKENIZER_PATH), "tokens": lake.join(run, "tokens")},
+        "outputs": {
+            "tokenizer": lake.join(run, run_folder.TOKENIZER_PATH),
+            "tokens": lake.join(run, run_folder.TOKENS_FOLDER),
+        },
     }
 
 
@@ -174,12 +177,12 @@ def encode_corpus(sc, config, run: str, pieces, scans, documents, task_bytes: in
     sample = corpus.training_sample(documents, config.tokenizer.sample_cap_bytes)
     tokenizer = bpe.train(sample, config.tokenizer.vocab_size, config.tokenizer.min_frequency)
     tokenizer_json = tokenizer.to_str()
-    lake.write_text(lake.join(run, lake.TOKENIZER_PATH), tokenizer_json)
+    lake.write_text(lake.join(run, run_folder.TOKENIZER_PATH), tokenizer_json)
     timings["train_bpe_s"] = timings.get("train_bpe_s", 0) + time.perf_counter() - started
 
     started = time.perf_counter()
     groups = corpus.pack(encode_tasks(pieces, scans, documents), lambda task: corpus.piece_size(task[0]), task_bytes)
-    tokens_uri = lake.join(run, "tokens")
+    tokens_uri = lake.join(run, run_folder.TOKENS_FOLDER)
     lake.delete(tokens_uri)
     encode = encode_task(groups, sc.broadcast(tokenizer_json), tokens_uri)
     rows = sc.parallelize(range(len(groups)), len(groups)).flatMap(encode).collect()

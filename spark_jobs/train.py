@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from spark_jobs.lib import lake, train_data, train_state, trainer
+from spark_jobs.lib import run_folder, stages, train_data, trainer
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import run_stage, warn
@@ -31,8 +31,8 @@ PR_SET_PDEATHSIG = 1
 
 
 def train(spark, config: PipelineConfig, run: str) -> dict:
-    for stage in ("tokenize", "positional_embed", "export"):
-        lake.require_stage(run, stage)
+    for stage in stages.by_name("train").inputs:
+        run_folder.require_stage(run, stage)
     train_data.read_manifest(run, config)  # bad input fails here, before any worker starts
     warnings = settings_warnings(config)
     for message in warnings:
@@ -156,4 +156,4 @@ def die_with_parent() -> None:
 
 
 if __name__ == "__main__":
-    run_stage("train", train, resume_folder=train_state.BACKUP_FOLDER)
+    run_stage("train", train, resume_folder=run_folder.BACKUP_FOLDER)

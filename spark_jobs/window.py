@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from spark_jobs.lib import bpe, lake, parts
+from spark_jobs.lib import bpe, lake, parts, run_folder
 from spark_jobs.lib.stage import run_stage, warn
 from spark_jobs.lib.windows import SPLITS, Piece, check_enough_windows, check_windows, plan_windows
 
@@ -103,14 +103,14 @@ def cut_file(plans, block_size: int, stride: int, windows_uri: str):
 
 def body(spark, config, run: str) -> dict:
     sc = spark.sparkContext
-    tokenize = lake.require_stage(run, "tokenize")
+    tokenize = run_folder.require_stage(run, "tokenize")
     block_size, stride = config.data.block_size, config.data.stride
     started = time.perf_counter()
-    files = parts.stage_parquet_files(run, "tokenize", "tokens")
+    files = parts.stage_parquet_files(run, "tokenize", run_folder.TOKENS_FOLDER)
     rows = sc.parallelize(files, len(files)).flatMap(read_heads(block_size)).collect()
     separator = None
     if config.data.pack_documents:
-        separator = bpe.separator_id(bpe.from_json(lake.read_text(lake.join(run, lake.TOKENIZER_PATH))))
+        separator = bpe.separator_id(bpe.from_json(lake.read_text(lake.join(run, run_folder.TOKENIZER_PATH))))
     plans, counts = plan_windows(
         [Piece(doc_id, split, piece, n_tokens, head) for doc_id, _, split, piece, n_tokens, head in rows],
         block_size,
@@ -127,7 +127,7 @@ def body(spark, config, run: str) -> dict:
     timings = {"plan_s": time.perf_counter() - started}
 
     started = time.perf_counter()
-    windows_uri = lake.join(run, "windows")
+    windows_uri = lake.join(run, run_folder.WINDOWS_FOLDER)
     lake.delete(windows_uri)
     cut = cut_file(sc.broadcast(plans), block_size, stride, windows_uri)
     written = sum(sc.parallelize(list(enumerate(files)), len(files)).map(cut).collect())

@@ -33,7 +33,7 @@ os.environ.update(
     }
 )
 
-from spark_jobs.lib import lake  # noqa: E402
+from spark_jobs.lib import run_folder  # noqa: E402
 from spark_jobs.lib.config import SHARED_CORPUS, PipelineConfig  # noqa: E402
 from spark_jobs.lib.config_files import load_config  # noqa: E402
 
@@ -73,4 +73,4 @@ def small_config(tmp_path: Path, corpus: Path | str, overrides: list | None = No
 
 
 def new_run(config: PipelineConfig, run_id: str = "test-run") -> str:
-    return lake.create_run(config, run_id)
+    return run_folder.create_run(config, run_id)

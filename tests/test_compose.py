@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from include.collect import AWS_CONN_ID
+from include.record import AWS_CONN_ID
 from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.config_files import load_config

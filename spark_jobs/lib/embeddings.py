@@ -1,5 +1,5 @@
 """The embedding tables of the positional_embed stage: token vectors [V, D] and the sinusoidal
-position table [T, D]; stored as .npy in the run folder."""
+position table [T, D]; stored as .npy in the run folder (spark_jobs.lib.run_folder names where)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,6 @@ import numpy as np
 from spark_jobs.lib import lake
 
 RANDOM_ROW_STD = 0.02  # rows Word2Vec never learned (and every row when it is disabled)
-FOLDER = "embeddings"  # in the run folder
-TOKEN_VECTORS_FILE = "token_vectors.npy"
-POSITIONS_FILE = "positions.npy"
 
 
 def sinusoidal(block_size: int, dim: int) -> np.ndarray:

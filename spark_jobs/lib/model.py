@@ -12,6 +12,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from spark_jobs.lib import run_folder
+
 INIT_STD = 0.02
 
 
@@ -112,9 +114,10 @@ def initialise_embedding(model: keras.Model, token_vectors: np.ndarray | None, p
     model's initial scale, so they do not swamp the positions) and the sinusoidal position table."""
     layer = model.get_layer("embedding")
     expected = {"token_vectors": tuple(layer.tokens.shape), "positions": tuple(layer.positions.shape)}
+    files = {"token_vectors": run_folder.TOKEN_VECTORS_PATH, "positions": run_folder.POSITIONS_PATH}
     for name, table in [("token_vectors", token_vectors), ("positions", positions)]:
         if table is not None and tuple(table.shape) != expected[name]:
-            raise ValueError(f"embeddings/{name}.npy has shape {tuple(table.shape)}, the model needs {expected[name]}")
+            raise ValueError(f"{files[name]} has shape {tuple(table.shape)}, the model needs {expected[name]}")
     if token_vectors is not None:
         layer.tokens.assign(_rescaled(token_vectors))
     layer.positions.assign(_rescaled(positions))

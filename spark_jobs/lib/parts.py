@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import posixpath
 
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, run_folder
 
 
 def part_name(task: int, suffix: str) -> str:
@@ -29,7 +29,7 @@ def stage_parquet_files(run: str, stage: str, folder: str) -> list[str]:
     path from its stats, which a copied or moved run folder would still point elsewhere with)."""
     files = parquet_files(lake.join(run, folder))
     if not files:
-        raise lake.StageIncomplete(
+        raise run_folder.StageIncomplete(
             f"stage {stage!r} is marked complete in run folder {run}, but its {folder}/ holds no Parquet part file: "
             f"run {stage} again"
         )

@@ -1,5 +1,6 @@
 """What every stage application shares: arguments, the run folder's config, the Spark session,
-the completion marker, and turning bad input into one clear error line and exit code 2."""
+running the stage between its completion markers (spark_jobs.lib.run_folder), and turning bad
+input into one clear error line and exit code 2."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.config import PipelineConfig, to_uri
 from spark_jobs.lib.config_files import from_json
 from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
@@ -17,7 +18,7 @@ from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 StageBody = Callable[["SparkSession", PipelineConfig, str], dict]  # noqa: F821
 
 
-def run_folder(text: str) -> str:
+def run_dir_argument(text: str) -> str:
     """--run-dir as a URI: a local path becomes file://, as in the config."""
     try:
         return to_uri(text).rstrip("/")
@@ -30,16 +31,16 @@ def parse_args(stage: str, argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--run-dir",
         required=True,
-        type=run_folder,
+        type=run_dir_argument,
         help="the run folder: a local path, file:///... or s3://bucket/prefix/runs/<run_id>",
     )
     return parser.parse_args(argv)
 
 
 def load_run_config(run: str) -> PipelineConfig:
-    uri = lake.join(run, lake.CONFIG_FILE)
+    uri = lake.join(run, run_folder.CONFIG_FILE)
     if not lake.exists(uri):
-        raise PipelineError(f"run folder {run} has no {lake.CONFIG_FILE}: create the run first")
+        raise PipelineError(f"run folder {run} has no {run_folder.CONFIG_FILE}: create the run first")
     return from_json(lake.read_text(uri))
 
 
@@ -79,9 +80,9 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
     run = parse_args(stage, argv).run_dir
     try:
         config = load_run_config(run)
-        for leftover in (lake.error_path(stage), lake.progress_path(stage)):
+        for leftover in (run_folder.error_path(stage), run_folder.progress_path(stage)):
             lake.delete(lake.join(run, leftover))
-        cleared = lake.clear_stage(run, stage)
+        cleared = run_folder.clear_stage(run, stage)
         if stage in cleared and resume_folder:  # left by a completed run that could not remove it
             lake.delete(lake.join(run, resume_folder))
         stale = [name for name in cleared if name != stage]
@@ -97,7 +98,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
             stats["timings"] = {part: round(seconds, 3) for part, seconds in stats["timings"].items()}
         stats["stage"] = stage
         stop_spark(spark)
-        lake.complete_stage(run, stage, stats)
+        run_folder.complete_stage(run, stage, stats)
         if resume_folder:
             remove_resume_folder(run, stage, resume_folder)
     except PipelineError as error:
@@ -107,7 +108,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
     except Exception as error:
         record_error(run, stage, f"{type(error).__name__}: {error}", bad_input=False)
         raise
-    print(f"[{stage}] done: {json.dumps(brief(stats, f'stats/{stage}.json'), sort_keys=True)}", flush=True)
+    print(f"[{stage}] done: {json.dumps(brief(stats, run_folder.stats_path(stage)), sort_keys=True)}", flush=True)
     return stats
 
 
@@ -125,11 +126,11 @@ def record_error(run: str, stage: str, message: str, bad_input: bool, longest: i
     elsewhere: an EMR step's own log reaches S3 only minutes after it ends, and the DAG's task shows
     this file at once and does not retry bad input. Only in a real run folder (one with its config),
     and only as far as writing works: the error itself is what the stage reports."""
-    uri = lake.join(run, lake.error_path(stage))
+    uri = lake.join(run, run_folder.error_path(stage))
     if len(message) > longest:
         message = message[:longest] + " ..."
     try:
-        if lake.exists(lake.join(run, lake.CONFIG_FILE)):
+        if lake.exists(lake.join(run, run_folder.CONFIG_FILE)):
             lake.write_json(uri, {"stage": stage, "error": message, "bad_input": bad_input})
     except Exception as failure:  # the stage's own error must still be reported
         warn(stage, f"could not write {uri}: {failure}")

@@ -1,40 +1,69 @@
-"""What depends on what in a run folder: the stages each stage reads, and the settings that shape
-each stage's outputs. Re-running a stage, or changing a setting of an existing run, makes the
-stages after it stale; their completion markers are removed so that nothing stale counts as done.
+"""The table of the pipeline's stages: each stage's name, its spark-submit application file, the
+stages whose outputs it reads, and the settings that shape its outputs; and what depends on what.
+
+Re-running a stage, or changing a setting of an existing run, makes the stages after it stale;
+their completion markers are removed so that nothing stale counts as done.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-INPUTS = {
-    "tokenize": (),
-    "window": ("tokenize",),
-    "positional_embed": ("tokenize", "window"),
-    "export": ("tokenize", "window"),
-    "train": ("tokenize", "positional_embed", "export"),
-    "generate": ("train",),
-}
-# Config paths (a section stands for all its keys) whose value a stage's outputs depend on, besides
-# its inputs. The rest (run_name, target, lake, s3, schedule, local, emr) changes where and how a run
-# goes, not what it makes.
-SETTINGS = {
-    "tokenize": ("corpus", "tokenizer", "data.val_fraction", "data.val_split", "data.bad_files"),
-    "window": ("data.block_size", "data.stride", "data.pack_documents"),
-    "positional_embed": ("embedding",),
-    "export": ("data.shards",),
-    "train": ("model", "train"),
-    "generate": ("generate",),
-}
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: `app_file` in spark_jobs/; `inputs`, the stages whose outputs it reads;
+    `settings`, config paths (a section stands for all its keys) whose value its outputs depend
+    on, besides its inputs. The rest (run_name, target, lake, s3, schedule, local, emr) changes where and
+    how a run goes, not what it makes."""
+
+    name: str
+    app_file: str
+    inputs: tuple[str, ...]
+    settings: tuple[str, ...]
+
+
+# In pipeline order: a stage's inputs come before it.
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        "tokenize",
+        "tokenize_corpus.py",
+        inputs=(),
+        settings=("corpus", "tokenizer", "data.val_fraction", "data.val_split", "data.bad_files"),
+    ),
+    Stage(
+        "window",
+        "window.py",
+        inputs=("tokenize",),
+        settings=("data.block_size", "data.stride", "data.pack_documents"),
+    ),
+    Stage("positional_embed", "positional_embed.py", inputs=("tokenize", "window"), settings=("embedding",)),
+    Stage("export", "export_tfrecord.py", inputs=("tokenize", "window"), settings=("data.shards",)),
+    Stage("train", "train.py", inputs=("tokenize", "positional_embed", "export"), settings=("model", "train")),
+    Stage("generate", "generate.py", inputs=("train",), settings=("generate",)),
+)
+STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in STAGES)
+# The Spark stages before training, which make its data.
+PREPROCESSING_STAGES: tuple[str, ...] = STAGE_NAMES[: STAGE_NAMES.index("train")]
+_BY_NAME = {stage.name: stage for stage in STAGES}
+
+
+def by_name(name: str) -> Stage:
+    """The stage of that name, or a ValueError naming the stages there are."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown stage {name!r}; stages are {', '.join(STAGE_NAMES)}") from None
 
 
 def downstream(stage: str) -> list[str]:
     """The stages that read `stage`'s outputs, directly or through others, in pipeline order."""
     found = {stage}
-    for other, inputs in INPUTS.items():  # INPUTS is in pipeline order: inputs come first
-        if found.intersection(inputs):
-            found.add(other)
-    return [other for other in INPUTS if other in found and other != stage]
+    for other in STAGES:  # in pipeline order: inputs come first
+        if found.intersection(other.inputs):
+            found.add(other.name)
+    return [name for name in STAGE_NAMES if name in found and name != stage]
 
 
 def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
@@ -58,7 +87,7 @@ def changed_settings(old: dict, new: dict) -> dict[str, tuple[Any, Any]]:
 def stale_stages(changed: list[str]) -> list[str]:
     """The stages whose outputs the changed settings make stale, with those after them."""
     stale = set()
-    for stage, settings in SETTINGS.items():
-        if any(path == setting or path.startswith(f"{setting}.") for path in changed for setting in settings):
-            stale |= {stage, *downstream(stage)}
-    return [stage for stage in INPUTS if stage in stale]
+    for stage in STAGES:
+        if any(path == setting or path.startswith(f"{setting}.") for path in changed for setting in stage.settings):
+            stale |= {stage.name, *downstream(stage.name)}
+    return [name for name in STAGE_NAMES if name in stale]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.windows import SPLITS, check_enough_windows
@@ -13,7 +13,7 @@ from spark_jobs.lib.windows import SPLITS, check_enough_windows
 
 def read_manifest(run: str, config: PipelineConfig) -> dict:
     """The export manifest, checked against the config the model will be built from."""
-    uri = lake.join(run, lake.MANIFEST_PATH)
+    uri = lake.join(run, run_folder.MANIFEST_PATH)
     manifest = lake.read_json(uri)
     missing = [key for key in ("block_size", "vocab_size", "num_shards", "splits") if key not in manifest]
     if missing:
@@ -51,7 +51,7 @@ def worker_shards(manifest: dict, split: str, worker: int, workers: int) -> list
 def local_shards(run: str, shards: list[str], local_dir: Path) -> list[str]:
     """Local paths of the shards for TensorFlow, which reads no s3:// by itself: a lake on local
     disk's own files, read in place; from S3, copies in local_dir."""
-    uris = [lake.join(run, "tfrecords", shard) for shard in shards]
+    uris = [lake.join(run, run_folder.TFRECORDS_FOLDER, shard) for shard in shards]
     if run.startswith("file://"):
         return [lake.local_path(uri) for uri in uris]
     return [str(lake.download_file(uri, local_dir / shard)) for uri, shard in zip(uris, shards, strict=True)]

@@ -17,13 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spark_jobs.lib import lake, stages
-
-BACKUP_FOLDER = "checkpoints"
-BACKUP = f"{BACKUP_FOLDER}/state.npz"
-MODEL_DIR = "model"
-MODEL_FILE = "model.keras"
-TOKENIZER_FILE = "tokenizer.json"
+from spark_jobs.lib import lake, run_folder, stages
 
 
 class OtherSettings(Exception):
@@ -37,13 +31,13 @@ def save_backup(run: str, step: int, model, optimizer, rows: list[dict], identit
     meta = {"step": step, "rows": rows, **identity}
     buffer = io.BytesIO()
     np.savez(buffer, meta=np.array(json.dumps(meta)), **arrays)
-    lake.write_bytes(lake.join(run, BACKUP), buffer.getvalue())
+    lake.write_bytes(lake.join(run, run_folder.BACKUP_PATH), buffer.getvalue())
 
 
 def load_backup(run: str, model, optimizer, identity: dict) -> dict | None:
     """Restore the last backup into the (built) model and optimizer; returns its meta
     {step, rows}, None when there is no backup, or raises OtherSettings naming what differs."""
-    uri = lake.join(run, BACKUP)
+    uri = lake.join(run, run_folder.BACKUP_PATH)
     if not lake.exists(uri):
         return None
     with np.load(io.BytesIO(lake.read_bytes(uri))) as saved:
@@ -80,10 +74,10 @@ def save_model(run: str, model, tokenizer_json: bytes, is_chief: bool) -> None:
     only the chief's copy goes to model/, the others' temporary copies are removed."""
     local = Path(tempfile.mkdtemp(prefix="gpt-pipeline-model-"))
     try:
-        model.save(local / MODEL_FILE)
-        (local / TOKENIZER_FILE).write_bytes(tokenizer_json)
+        model.save(local / run_folder.MODEL_FILE)
+        (local / run_folder.MODEL_TOKENIZER_FILE).write_bytes(tokenizer_json)
         if is_chief:
-            lake.delete(lake.join(run, MODEL_DIR))
-            lake.upload_dir(local, lake.join(run, MODEL_DIR))
+            lake.delete(lake.join(run, run_folder.MODEL_FOLDER))
+            lake.upload_dir(local, lake.join(run, run_folder.MODEL_FOLDER))
     finally:
         shutil.rmtree(local, ignore_errors=True)

@@ -24,14 +24,13 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from spark_jobs.lib import embeddings, lake, memory, train_data, train_state
+from spark_jobs.lib import embeddings, lake, memory, run_folder, train_data, train_state
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import load_run_config
 from spark_jobs.lib.train_stats import IntervalStats, StepTimes, epochs_csv
 from spark_jobs.lib.windows import SPLITS
 
-EPOCHS_CSV = "stats/epochs.csv"
 # Exit code of a worker stopped by its settings (e.g. a diverging loss): a retry would fail the
 # same way, so the stage fails at once instead of Spark retrying the barrier stage.
 SETTINGS_FAILURE_EXIT = 3
@@ -278,7 +277,7 @@ class Worker:
             "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         try:
-            lake.write_json(lake.join(self.run, lake.progress_path("train")), progress)
+            lake.write_json(lake.join(self.run, run_folder.progress_path("train")), progress)
         except OSError as error:  # progress is for watching: a failed write must not stop training
             print(f"[train] progress not written: {error}", flush=True)
 
@@ -314,7 +313,7 @@ class Worker:
                 + (f", {rate:,.0f} tokens/s" if rate is not None else ""),
                 flush=True,
             )
-            lake.write_text(lake.join(self.run, EPOCHS_CSV), epochs_csv(self.rows))
+            lake.write_text(lake.join(self.run, run_folder.EPOCHS_CSV_PATH), epochs_csv(self.rows))
 
     def summary(self, wall_s: float, times: StepTimes) -> dict:
         """This worker's result: the attempt's steps and speed (its first step, which compiles, apart),
@@ -338,19 +337,18 @@ class Worker:
         }
 
     def save(self) -> None:
-        tokenizer = lake.read_bytes(lake.join(self.run, lake.TOKENIZER_PATH))
+        tokenizer = lake.read_bytes(lake.join(self.run, run_folder.TOKENIZER_PATH))
         train_state.save_model(self.run, self.model, tokenizer, self.is_chief)
 
 
 def embedding_tables(config: PipelineConfig, run: str) -> tuple[np.ndarray | None, np.ndarray]:
     """The Word2Vec token vectors (None when disabled) and the position table."""
-    folder = lake.join(run, embeddings.FOLDER)
 
-    def load(name: str) -> np.ndarray:
-        return embeddings.read_npy(lake.join(folder, name))
+    def load(path: str) -> np.ndarray:
+        return embeddings.read_npy(lake.join(run, path))
 
-    token_vectors = load(embeddings.TOKEN_VECTORS_FILE) if config.embedding.word2vec.enabled else None
-    return token_vectors, load(embeddings.POSITIONS_FILE)
+    token_vectors = load(run_folder.TOKEN_VECTORS_PATH) if config.embedding.word2vec.enabled else None
+    return token_vectors, load(run_folder.POSITIONS_PATH)
 
 
 def configure_tensorflow(threads: int):

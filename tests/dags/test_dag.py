@@ -14,13 +14,13 @@ from airflow.sdk import AssetOrTimeSchedule
 from airflow.sdk.definitions.param import ParamsDict
 
 from include import trigger_form
-from include.spark_submit import STAGES
+from include.airflow_names import DAG_ID, MODEL_ASSET_NAME
 from spark_jobs.lib.config import REPO_ROOT, ConfigError
 from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
 from spark_jobs.lib.overrides import apply_overrides
+from spark_jobs.lib.stages import STAGE_NAMES
 
-DAG_ID = "gpt_pipeline"
-PIPELINE = ["validate_config", *STAGES, "collect", "promote"]
+PIPELINE = ["validate_config", *STAGE_NAMES, "collect", "promote"]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_tasks_run_in_pipeline_order(dag):
 def test_promote_updates_the_model_asset_at_the_latest_pointers(dag):
     s3 = load_config().s3
     (asset,) = dag.get_task("promote").outlets
-    assert (asset.name, asset.uri) == ("gpt_pipeline_model", f"s3://{s3.bucket}/{s3.prefix}/latest")
+    assert (asset.name, asset.uri) == (MODEL_ASSET_NAME, f"s3://{s3.bucket}/{s3.prefix}/latest")
     assert not any(task.outlets for task in dag.tasks if task.task_id != "promote")
 
 

@@ -25,11 +25,12 @@ from moto.emr.responses import ElasticMapReduceResponse
 from moto.server import ThreadedMotoServer
 
 from include import emr
-from include.spark_submit import STAGES, package_code
-from spark_jobs.lib import lake, stage
+from include.spark_submit import package_code
+from spark_jobs.lib import lake, run_folder, stage
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
 from spark_jobs.lib.overrides import apply_overrides
+from spark_jobs.lib.stages import STAGE_NAMES
 
 REGION = "us-east-1"
 BUCKET = "gpt-pipeline"
@@ -186,12 +187,12 @@ class Cluster(threading.Thread):
             stage.record_error(run_dir, stage_name, message, bad_input=self.bad_input)
             step.state = "FAILED"
         else:
-            outputs = {lake.stats_uri(run_dir, stage_name): b"{}"}
+            outputs = {run_folder.stats_uri(run_dir, stage_name): b"{}"}
             if stage_name == "train":
-                outputs[lake.stats_uri(run_dir, "train")] = json.dumps(TRAIN_STATS).encode()
-                outputs[lake.join(run_dir, "stats", "epochs.csv")] = b"epoch,step,val_loss\n1,3,2.5\n"
+                outputs[run_folder.stats_uri(run_dir, "train")] = json.dumps(TRAIN_STATS).encode()
+                outputs[lake.join(run_dir, run_folder.EPOCHS_CSV_PATH)] = b"epoch,step,val_loss\n1,3,2.5\n"
             if stage_name == "generate":
-                outputs[lake.join(run_dir, "samples.txt")] = b"The man starts with a song"
+                outputs[lake.join(run_dir, run_folder.SAMPLES_PATH)] = b"The man starts with a song"
             for uri, body in outputs.items():
                 bucket, key = emr.split_s3_uri(uri)
                 self.s3.put_object(Bucket=bucket, Key=key, Body=body)
@@ -203,7 +204,7 @@ class Cluster(threading.Thread):
         """A train step that runs for a few pokes, its progress in the run folder as the stage keeps it."""
         if self.train_started is None:
             self.train_started = time.monotonic()
-            bucket, key = emr.split_s3_uri(lake.join(run_dir, lake.progress_path("train")))
+            bucket, key = emr.split_s3_uri(lake.join(run_dir, run_folder.progress_path("train")))
             self.s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(TRAIN_PROGRESS).encode())
         return time.monotonic() - self.train_started < 8  # a few pokes (1 s apart), with room for a busy machine
 
@@ -229,7 +230,7 @@ def run_dag(
     timed_out=(),
 ):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
-    for task_id in (*STAGES, "terminate_cluster"):
+    for task_id in (*STAGE_NAMES, "terminate_cluster"):
         dag.get_task(task_id).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
     for stage_name in hanging if time_limit_s else ():  # only theirs: the others finish at any machine load
         dag.get_task(stage_name).timeout = time_limit_s
@@ -293,9 +294,9 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     assert s3_bytes(aws, action["ScriptPath"]) == emr.RUN_FILES["bootstrap.sh"].read_bytes()
 
     # The steps: one per stage, in order, each the shared spark-submit command.
-    assert finished == list(STAGES)
+    assert finished == list(STAGE_NAMES)
     steps = aws["emr"].list_steps(ClusterId=cluster["Id"])["Steps"]
-    assert sorted(step["Name"] for step in steps) == sorted(STAGES)
+    assert sorted(step["Name"] for step in steps) == sorted(STAGE_NAMES)
     for step in steps:
         expected = emr.stage_step(step["Name"], config, run_id)
         assert step["Config"]["Args"] == expected["HadoopJarStep"]["Args"]
@@ -311,26 +312,28 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     assert zip_members(s3_bytes(aws, lake.join(code, "spark_jobs.zip"))) == local_zip
     for name, path in emr.RUN_FILES.items():
         assert s3_bytes(aws, lake.join(code, name)) == path.read_bytes()
-    run_dir = lake.run_dir(config, run_id)
-    assert json.loads(s3_bytes(aws, lake.join(run_dir, lake.CONFIG_FILE))) == json.loads(config.to_json())
+    run_dir = run_folder.run_dir(config, run_id)
+    assert json.loads(s3_bytes(aws, lake.join(run_dir, run_folder.CONFIG_FILE))) == json.loads(config.to_json())
     # collect copied the record and wrote the report.
-    report = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{lake.safe_run_id(run_id)}/report.json"))
+    report = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_folder.safe_run_id(run_id)}/report.json"))
     assert report["val_nats_per_char"] == TRAIN_STATS["final_val_nats_per_char"]
     assert report["sample"] == "The man starts with a song"
     # with the cluster's steps, as EMR reported them just before the cluster was terminated
     assert report["emr"]["cluster_id"] == cluster["Id"] and report["emr"]["release"] == config.emr.release_label
     assert [(step["name"], step["state"]) for step in report["emr"]["steps"]] == [
-        (stage, "COMPLETED") for stage in STAGES
+        (stage, "COMPLETED") for stage in STAGE_NAMES
     ]
     assert report["emr"]["cost_usd_so_far"] >= 0 and all(step["seconds"] is not None for step in report["emr"]["steps"])
-    report_md = s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{lake.safe_run_id(run_id)}/report.md").decode()
+    report_md = s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_folder.safe_run_id(run_id)}/report.md").decode()
     assert (
         f"## EMR\n\nCluster {cluster['Id']} ({config.emr.release_label})" in report_md
         and "| train | COMPLETED |" in report_md
     )
     # promote pointed the run name's latest pointer at the collected model.
     pointer = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/latest/{config.run_name}.json"))
-    assert pointer["model"] == report["s3_uri"] + "model/" and pointer["run"] == lake.safe_run_id(run_id)
+    assert pointer["model"] == report["s3_uri"] + f"{run_folder.MODEL_FOLDER}/" and pointer[
+        "run"
+    ] == run_folder.safe_run_id(run_id)
     ((asset_uri, extra),) = asset_events(dag_run)
     assert asset_uri == f"s3://{BUCKET}/{config.s3.prefix}/latest" and extra["pointer"] == pointer
 
@@ -344,7 +347,7 @@ def test_promote_if_better_is_skipped_when_latest_points_at_a_better_model(airfl
 
     dag_run, states, finished = run_dag(aws)
 
-    assert dag_run.state == "success" and finished == list(STAGES)
+    assert dag_run.state == "success" and finished == list(STAGE_NAMES)
     assert states["collect"] == "success" and states["promote"] == "skipped"
     assert json.loads(s3_bytes(aws, f"s3://{BUCKET}/{key}")) == better
     assert asset_events(dag_run) == []
@@ -360,7 +363,7 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
     dag_run, states, finished = run_dag(aws, failures={"window": 1})
 
     assert dag_run.state == "success" and set(states.values()) == {"success"}, states
-    assert finished == ["tokenize", "window", "window (try 2)", *STAGES[2:]]
+    assert finished == ["tokenize", "window", "window (try 2)", *STAGE_NAMES[2:]]
     assert step_states(aws)[:3] == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "COMPLETED")]
     assert "window stopped: RuntimeError: the executor was lost" in "".join(capfd.readouterr())
     # the retried step is the same command
@@ -433,9 +436,9 @@ def test_a_retried_step_does_not_report_the_previous_trys_error_as_its_own(airfl
 
     assert dag_run.state == "success", states
     config = load_config(overrides=OVERRIDES)
-    run_dir = lake.run_dir(config, f"{config.run_name}-{dag_run.run_id}")
+    run_dir = run_folder.run_dir(config, f"{config.run_name}-{dag_run.run_id}")
     with pytest.raises(aws["s3"].exceptions.NoSuchKey):
-        s3_bytes(aws, lake.join(run_dir, lake.error_path("window")))
+        s3_bytes(aws, lake.join(run_dir, run_folder.error_path("window")))
 
 
 def test_a_cluster_that_could_not_be_terminated_fails_the_run(airflow_db, aws, monkeypatch):
@@ -445,7 +448,7 @@ def test_a_cluster_that_could_not_be_terminated_fails_the_run(airflow_db, aws, m
     monkeypatch.setattr(ElasticMapReduceResponse, "terminate_job_flows", refused)
     dag_run, states, finished = run_dag(aws)
 
-    assert finished == list(STAGES) and states["promote"] == "success"
+    assert finished == list(STAGE_NAMES) and states["promote"] == "success"
     assert states["terminate_cluster"] == "failed" and dag_run.state == "failed"  # someone must see the cluster is up
     assert only_cluster(aws)["Status"]["State"] != "TERMINATED"
 
@@ -535,7 +538,7 @@ def test_a_run_cannot_move_the_cluster_to_another_region_or_connection(airflow_d
 def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr_defaults):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     config = load_config(overrides=OVERRIDES)
-    for stage_name in STAGES:
+    for stage_name in STAGE_NAMES:
         sensor, limits = dag.get_task(stage_name), emr.sensor_limits(stage_name, config)
         assert (float(sensor.timeout), sensor.poke_interval) == (limits["timeout"], limits["poke_interval"])
         assert sensor.region_name == config.emr.region and sensor.aws_conn_id == config.emr.aws_conn_id

@@ -95,10 +95,10 @@ def test_the_emr_dag_parses_and_builds_its_cluster_and_steps_without_spark_or_te
         assert dagbag.import_errors == {}, dagbag.import_errors
 
         from include import emr
-        from include.spark_submit import STAGES
+        from spark_jobs.lib.stages import STAGE_NAMES
 
         dag = dagbag.dags["gpt_pipeline"]
-        cluster = {"create_cluster", *STAGES, "terminate_cluster"}
+        cluster = {"create_cluster", *STAGE_NAMES, "terminate_cluster"}
         assert set(dag.task_ids) == {"validate_config", *cluster, "collect", "promote", "prune_runs"}, dag.task_ids
         assert dag.get_task("terminate_cluster").is_teardown
 
@@ -107,7 +107,7 @@ def test_the_emr_dag_parses_and_builds_its_cluster_and_steps_without_spark_or_te
         assert config.target == "emr"
         request = emr.job_flow_overrides(config, "run-1")
         assert request["Instances"]["InstanceGroups"], request
-        for stage in STAGES:
+        for stage in STAGE_NAMES:
             step = emr.stage_step(stage, config, "run-1")
             assert step["HadoopJarStep"]["Args"], step
             assert emr.sensor_limits(stage, config)["timeout"] > 0

@@ -16,12 +16,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from include.spark_submit import STAGES
 from local_platform.airflow_runner import AIRFLOW, DAG_ID, prepare
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.config_files import load_config
+from spark_jobs.lib.stages import STAGE_NAMES
 from tests.conftest import write_slice
 
 BUCKET = load_config().s3.bucket
@@ -113,7 +113,7 @@ def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, 
     _, state, tasks = last_run_states(home)
     assert state == "failed"
     assert tasks["validate_config"] == "failed"
-    assert all(tasks.get(stage) in (None, "upstream_failed") for stage in STAGES)
+    assert all(tasks.get(stage) in (None, "upstream_failed") for stage in STAGE_NAMES)
     assert not (tmp_path / "lake").exists()  # no run folder for a run that never started
 
 
@@ -155,15 +155,15 @@ def collected_run(local_airflow, tmp_path_factory, shakespeare):
     env, s3, home = local_airflow
     tmp_path = tmp_path_factory.mktemp("collected-run")
     corpus = write_slice(tmp_path, shakespeare)
-    older = tmp_path / "lake" / "runs" / "e2e-older"
-    (older / "model").mkdir(parents=True)
-    (older / "report.json").write_text(json.dumps({"run": "e2e-older"}))
-    (older / "config.json").write_text(json.dumps({"run_name": "e2e", "corpus": [f"file://{corpus}"]}))
+    older = tmp_path / "lake" / run_folder.RUNS_FOLDER / "e2e-older"
+    (older / run_folder.MODEL_FOLDER).mkdir(parents=True)
+    (older / run_folder.REPORT_JSON).write_text(json.dumps({"run": "e2e-older"}))
+    (older / run_folder.CONFIG_FILE).write_text(json.dumps({"run_name": "e2e", "corpus": [f"file://{corpus}"]}))
     overrides = [f"lake={tmp_path / 'lake'}", "keep_runs=1", *SMALL_RUN]
     code, output = dags_test(env, {"corpus": str(corpus), "run_name": "e2e", "overrides": overrides})
     run_id, state, tasks = last_run_states(home)
     client = s3.client()
-    prefix = f"runs/{lake.safe_run_id(f'e2e-{run_id}')}/"
+    prefix = f"runs/{run_folder.safe_run_id(f'e2e-{run_id}')}/"
     listed = client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
     return SimpleNamespace(
         code=code,
@@ -186,7 +186,7 @@ def collected_run(local_airflow, tmp_path_factory, shakespeare):
 def test_the_dag_run_succeeds_with_every_task(collected_run):
     assert collected_run.code == 0, collected_run.output[-5000:]
     assert collected_run.state == "success"
-    expected = ["validate_config", *STAGES, "collect", "promote", "prune_runs"]
+    expected = ["validate_config", *STAGE_NAMES, "collect", "promote", "prune_runs"]
     assert collected_run.tasks == {task_id: "success" for task_id in expected}
 
 
@@ -198,52 +198,60 @@ def test_validate_config_logs_the_settings_the_form_changed(collected_run):
 
 @pytest.mark.slow
 def test_the_record_on_s3_holds_config_stats_model_samples_and_report(collected_run):
-    expected = {"config.json", "samples.txt", "report.json", "report.md", "stats/epochs.csv", "stats/train.json"}
-    assert expected | {f"stats/{stage}.json" for stage in STAGES} <= collected_run.keys
-    assert any(key.startswith("model/") for key in collected_run.keys)
-    config = json.loads(collected_run.read("config.json"))
+    expected = {
+        run_folder.CONFIG_FILE,
+        run_folder.SAMPLES_PATH,
+        run_folder.REPORT_JSON,
+        run_folder.REPORT_TEXT,
+        run_folder.EPOCHS_CSV_PATH,
+    }
+    assert expected | {run_folder.stats_path(stage) for stage in STAGE_NAMES} <= collected_run.keys
+    assert any(key.startswith(f"{run_folder.MODEL_FOLDER}/") for key in collected_run.keys)
+    config = json.loads(collected_run.read(run_folder.CONFIG_FILE))
     assert config["train"]["max_steps"] == 40 and config["corpus"] == [f"file://{collected_run.corpus}"]
 
 
 @pytest.mark.slow
 def test_training_ran_every_step_with_finite_validation_losses(collected_run):
-    rows = list(csv.DictReader(io.StringIO(collected_run.read("stats/epochs.csv").decode())))
+    rows = list(csv.DictReader(io.StringIO(collected_run.read(run_folder.EPOCHS_CSV_PATH).decode())))
     assert [int(row["step"]) for row in rows][-1] == 40
     assert all(np.isfinite(float(row["val_loss"])) for row in rows)
 
 
 @pytest.mark.slow
 def test_the_report_agrees_with_the_training_stats(collected_run):
-    rows = list(csv.DictReader(io.StringIO(collected_run.read("stats/epochs.csv").decode())))
-    report = json.loads(collected_run.read("report.json"))
-    train = json.loads(collected_run.read("stats/train.json"))
+    rows = list(csv.DictReader(io.StringIO(collected_run.read(run_folder.EPOCHS_CSV_PATH).decode())))
+    report = json.loads(collected_run.read(run_folder.REPORT_JSON))
+    train = json.loads(collected_run.read(run_folder.stats_path("train")))
     assert report["final_val_loss"] == train["final_val_loss"] == pytest.approx(float(rows[-1]["val_loss"]), rel=1e-4)
     # A BPE token covers more than one character, so the per-character loss is the smaller.
     assert 0 < report["val_nats_per_char"] < report["final_val_loss"]
     assert [row["step"] for row in report["evaluations"]] == [int(row["step"]) for row in rows]
-    config = json.loads(collected_run.read("config.json"))
+    config = json.loads(collected_run.read(run_folder.CONFIG_FILE))
     assert report["splits"]["train"]["windows"] > 0 and report["model"]["n_layer"] == config["model"]["n_layer"]
 
 
 @pytest.mark.slow
 def test_the_sample_continues_the_prompt_and_is_in_the_report(collected_run):
-    prompt = json.loads(collected_run.read("config.json"))["generate"]["prompt"]
-    sample = collected_run.read("samples.txt").decode()
+    prompt = json.loads(collected_run.read(run_folder.CONFIG_FILE))["generate"]["prompt"]
+    sample = collected_run.read(run_folder.SAMPLES_PATH).decode()
     assert sample.startswith(prompt) and len(sample) > len(prompt)
-    assert json.loads(collected_run.read("report.json"))["sample"] == sample
+    assert json.loads(collected_run.read(run_folder.REPORT_JSON))["sample"] == sample
 
 
 @pytest.mark.slow
 def test_the_run_folder_keeps_the_report_and_keep_runs_removed_the_older_run(collected_run):
     config = load_config(overrides=[{"lake": str(collected_run.lake)}])
-    run_folder = lake.run_dir(config, f"e2e-{collected_run.run_id}")
-    assert lake.read_text(lake.join(run_folder, "report.md")) == collected_run.read("report.md").decode()
-    assert sorted(path.name for path in (collected_run.lake / "runs").iterdir()) == [run_folder.rsplit("/", 1)[1]]
+    run = run_folder.run_dir(config, f"e2e-{collected_run.run_id}")
+    assert lake.read_text(lake.join(run, run_folder.REPORT_TEXT)) == collected_run.read(run_folder.REPORT_TEXT).decode()
+    assert sorted(path.name for path in (collected_run.lake / run_folder.RUNS_FOLDER).iterdir()) == [
+        run.rsplit("/", 1)[1]
+    ]
 
 
 @pytest.mark.slow
 def test_promote_points_latest_at_the_model_and_updates_the_model_asset(collected_run):
-    report = json.loads(collected_run.read("report.json"))
+    report = json.loads(collected_run.read(run_folder.REPORT_JSON))
     pointer = json.loads(collected_run.client.get_object(Bucket=BUCKET, Key="runs/latest/e2e.json")["Body"].read())
     assert pointer["model"] == f"s3://{BUCKET}/{collected_run.prefix}model/"
     assert pointer["val_nats_per_char"] == report["val_nats_per_char"]
@@ -266,16 +274,18 @@ def test_a_stages_xcom_is_its_headline_figures_not_growing_lists(collected_run):
             (collected_run.run_id,),
         ).fetchone()
     window_xcom = json.loads(window_xcom)
-    block_size = json.loads(collected_run.read("config.json"))["data"]["block_size"]
+    block_size = json.loads(collected_run.read(run_folder.CONFIG_FILE))["data"]["block_size"]
     assert window_xcom["stage"] == "window" and window_xcom["block_size"] == block_size
-    assert "sequences" not in window_xcom and json.loads(collected_run.read("stats/window.json"))["sequences"]
+    assert (
+        "sequences" not in window_xcom and json.loads(collected_run.read(run_folder.stats_path("window")))["sequences"]
+    )
 
 
 @pytest.mark.slow
 def test_the_collected_model_loads_and_predicts(collected_run):
     model_dir = collected_run.tmp_path / "model-from-s3"
     for key in collected_run.keys:
-        if key.startswith("model/"):
+        if key.startswith(f"{run_folder.MODEL_FOLDER}/"):
             (model_dir / key).parent.mkdir(parents=True, exist_ok=True)
             (model_dir / key).write_bytes(collected_run.read(key))
     from spark_jobs.generate import load_model

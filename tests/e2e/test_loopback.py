@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from include.local_spark import submit_stage
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, run_folder
 from tests.listening import Listening, interfaces, listening_sockets, machine_addresses
 from tests.spark_jobs.test_train import fresh_run, prepared  # noqa: F401 (the fixture)
 
@@ -81,7 +81,7 @@ def test_a_local_training_run_listens_on_loopback_only(prepared, tmp_path, monke
         assert not answered[key], f"{entry} answered through {answered[key]}"
     assert all(entry.netns != here for entry in workers), "the TensorFlow workers are not contained"
 
-    stats = lake.read_json(lake.stats_uri(run, "train"))
+    stats = lake.read_json(run_folder.stats_uri(run, "train"))
     results = stats["worker_results"]
     assert [result["worker"] for result in results] == [0, 1]
     assert all(result["steps"] == 60 and result["host"] == "127.0.0.1" for result in results)

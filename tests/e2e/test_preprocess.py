@@ -11,10 +11,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from include.spark_submit import PREPROCESSING_STAGES, package_code
+from include.spark_submit import package_code
 from local_platform import stage_runner
-from spark_jobs.lib import corpus, lake, storage
+from spark_jobs.lib import corpus, lake, run_folder, storage
 from spark_jobs.lib.embeddings import sinusoidal
+from spark_jobs.lib.stages import PREPROCESSING_STAGES
 from tests.conftest import new_run, small_config
 
 pytestmark = pytest.mark.slow
@@ -58,32 +59,32 @@ def test_outputs_exist_and_stages_completed(preprocessed):
     config, run, _ = preprocessed
     root = Path(lake.local_path(run))
     for stage in PREPROCESSING_STAGES:
-        assert (root / "stats" / f"{stage}.json").is_file()
+        assert (root / run_folder.stats_path(stage)).is_file()
     for name in [
-        "tokenizer/tokenizer.json",
-        "embeddings/token_vectors.npy",
-        "embeddings/positions.npy",
-        "embeddings/meta.json",
-        "tfrecords/manifest.json",
+        run_folder.TOKENIZER_PATH,
+        run_folder.TOKEN_VECTORS_PATH,
+        run_folder.POSITIONS_PATH,
+        run_folder.EMBEDDINGS_META_PATH,
+        run_folder.MANIFEST_PATH,
     ]:
         assert (root / name).is_file(), name
     for split in ("train", "val"):
-        shards = sorted(p.name for p in (root / "tfrecords" / split).iterdir())
+        shards = sorted(p.name for p in (root / run_folder.TFRECORDS_FOLDER / split).iterdir())
         assert shards == [f"part-{i:05d}.tfrecord" for i in range(config.data.shards)]
-    assert not (root / "_staging").exists()
+    assert not (root / run_folder.STAGING_FOLDER).exists()
 
 
 def test_tokens_decode_to_the_text_and_ids_fit_the_vocabulary(preprocessed):
     from tokenizers import Tokenizer
 
     config, run, texts = preprocessed
-    tokenizer = Tokenizer.from_file(lake.local_path(lake.join(run, "tokenizer", "tokenizer.json")))
+    tokenizer = Tokenizer.from_file(lake.local_path(lake.join(run, run_folder.TOKENIZER_PATH)))
     assert tokenizer.get_vocab_size() <= config.tokenizer.vocab_size
     assert tokenizer.token_to_id("<|endoftext|>") is not None
-    rows = read_folder(lake.join(run, "tokens"))
+    rows = read_folder(lake.join(run, run_folder.TOKENS_FOLDER))
     assert all(max(row["ids"]) < config.tokenizer.vocab_size and min(row["ids"]) >= 0 for row in rows)
     assert all(len(row["ids"]) == row["n_tokens"] for row in rows)
-    stats = lake.read_json(lake.stats_uri(run, "tokenize"))
+    stats = lake.read_json(run_folder.stats_uri(run, "tokenize"))
     for path, text in texts.items():
         parts = {}
         for split in ("train", "val"):
@@ -102,8 +103,8 @@ def test_tokens_decode_to_the_text_and_ids_fit_the_vocabulary(preprocessed):
 def test_windows_follow_the_formula_and_the_sequences(preprocessed):
     config, run, _ = preprocessed
     block_size, stride = config.data.block_size, config.data.stride
-    tokens = read_folder(lake.join(run, "tokens"))
-    windows = read_folder(lake.join(run, "windows"))
+    tokens = read_folder(lake.join(run, run_folder.TOKENS_FOLDER))
+    windows = read_folder(lake.join(run, run_folder.WINDOWS_FOLDER))
     sequences = {}
     for row in sorted(tokens, key=lambda r: r["piece"]):
         sequences.setdefault((row["doc_id"], row["split"]), []).extend(row["ids"])
@@ -112,7 +113,7 @@ def test_windows_follow_the_formula_and_the_sequences(preprocessed):
         assert len(mine) == formula(len(ids), block_size, stride)
         assert [w["start"] for w in mine] == list(range(0, stride * len(mine), stride))
         assert all(w["ids"] == ids[w["start"] : w["start"] + block_size + 1] for w in mine)
-    stats = lake.read_json(lake.stats_uri(run, "window"))
+    stats = lake.read_json(run_folder.stats_uri(run, "window"))
     for split in ("train", "val"):
         indices = sorted(w["idx"] for w in windows if w["split"] == split)
         assert indices == list(range(len(indices))) and len(indices) == stats["splits"][split]["windows"] > 0
@@ -120,12 +121,12 @@ def test_windows_follow_the_formula_and_the_sequences(preprocessed):
 
 def test_embedding_tables(preprocessed):
     config, run, _ = preprocessed
-    folder = Path(lake.local_path(lake.join(run, "embeddings")))
-    vectors, positions = np.load(folder / "token_vectors.npy"), np.load(folder / "positions.npy")
+    root = Path(lake.local_path(run))
+    vectors, positions = np.load(root / run_folder.TOKEN_VECTORS_PATH), np.load(root / run_folder.POSITIONS_PATH)
     assert vectors.shape == (config.tokenizer.vocab_size, config.embedding.dim) and vectors.dtype == np.float32
     assert positions.shape == (config.data.block_size, config.embedding.dim) and positions.dtype == np.float32
     np.testing.assert_array_equal(positions, sinusoidal(config.data.block_size, config.embedding.dim))
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = json.loads((root / run_folder.EMBEDDINGS_META_PATH).read_text())
     assert meta["vocab_size"] == config.tokenizer.vocab_size and meta["dim"] == config.embedding.dim
     assert meta["block_size"] == config.data.block_size
     assert meta["word2vec"]["enabled"] and 0 < meta["word2vec"]["learned_ids"] <= config.tokenizer.vocab_size
@@ -138,25 +139,25 @@ def test_tfrecords_hold_the_windows_and_match_the_manifest(preprocessed):
 
     config, run, _ = preprocessed
     block_size, shards = config.data.block_size, config.data.shards
-    manifest = lake.read_json(lake.join(run, lake.MANIFEST_PATH))
-    tokenize = lake.read_json(lake.stats_uri(run, "tokenize"))
+    manifest = lake.read_json(lake.join(run, run_folder.MANIFEST_PATH))
+    tokenize = lake.read_json(run_folder.stats_uri(run, "tokenize"))
     assert manifest["block_size"] == block_size and manifest["vocab_size"] == config.tokenizer.vocab_size
     assert manifest["num_shards"] == shards
-    windows = read_folder(lake.join(run, "windows"))
+    windows = read_folder(lake.join(run, run_folder.WINDOWS_FOLDER))
     spec = {
         "input_ids": tf.io.FixedLenFeature([block_size], tf.int64),
         "target_ids": tf.io.FixedLenFeature([block_size], tf.int64),
     }
     for split in ("train", "val"):
         info = manifest["splits"][split]
-        window_stats = lake.read_json(lake.stats_uri(run, "window"))
+        window_stats = lake.read_json(run_folder.stats_uri(run, "window"))
         assert info["tokens"] == window_stats["splits"][split]["tokens"] == tokenize["splits"][split]["tokens"]
         assert info["chars"] == tokenize["splits"][split]["chars"]
         assert info["shards"] == [f"{split}/part-{i:05d}.tfrecord" for i in range(shards)]
         by_idx = {w["idx"]: w["ids"] for w in windows if w["split"] == split}
         total = 0
         for shard, name in enumerate(info["shards"]):
-            path = lake.local_path(lake.join(run, "tfrecords", name))
+            path = lake.local_path(lake.join(run, run_folder.TFRECORDS_FOLDER, name))
             dataset = tf.data.TFRecordDataset([path]).map(lambda r: tf.io.parse_single_example(r, spec))
             records = [(x["input_ids"].numpy(), x["target_ids"].numpy()) for x in dataset]
             assert len(records) == info["shard_windows"][shard]
@@ -182,18 +183,18 @@ def test_a_copied_run_folder_reads_its_own_outputs_even_under_a_path_spark_would
     preprocessed, tmp_path, code_dir, capfd
 ):
     config, run, _ = preprocessed
-    copy = tmp_path / "lake [v2]{old,new}" / "runs" / "e2e-copy"
+    copy = tmp_path / "lake [v2]{old,new}" / run_folder.RUNS_FOLDER / "e2e-copy"
     shutil.copytree(lake.local_path(run), copy)
     copied = "file://" + str(copy)
     for stage in PREPROCESSING_STAGES[1:]:
         stage_runner.submit_stage(stage, config, copied, code_dir)
-        assert lake.read_json(lake.stats_uri(copied, stage))["outputs"]
+        assert lake.read_json(run_folder.stats_uri(copied, stage))["outputs"]
     assert (
-        json.loads((copy / "tfrecords" / "manifest.json").read_text())["splits"]
-        == json.loads(Path(lake.local_path(lake.join(run, "tfrecords", "manifest.json"))).read_text())["splits"]
+        json.loads((copy / run_folder.MANIFEST_PATH).read_text())["splits"]
+        == json.loads(Path(lake.local_path(lake.join(run, run_folder.MANIFEST_PATH))).read_text())["splits"]
     )
     # Its tokens gone, the copy does not read the original's: window names what to run again.
-    shutil.rmtree(copy / "tokens")
+    shutil.rmtree(copy / run_folder.TOKENS_FOLDER)
     with pytest.raises(stage_runner.StageFailed):
         stage_runner.submit_stage("window", config, copied, code_dir)
     captured = capfd.readouterr()
@@ -216,5 +217,5 @@ def test_a_bad_file_fails_the_application_with_exit_code_2(tmp_path, code_dir, c
         "(byte 0xfc at offset 2); convert it first, from its encoding (iconv -f WINDOWS-1252 -t UTF-8 for "
         "most Western European text); set data.bad_files=skip to leave such files out"
     ]
-    assert not lake.exists(lake.stats_uri(run, "tokenize"))
-    assert lake.read_json(lake.join(run, lake.error_path("tokenize")))["bad_input"] is True
+    assert not lake.exists(run_folder.stats_uri(run, "tokenize"))
+    assert lake.read_json(lake.join(run, run_folder.error_path("tokenize")))["bad_input"] is True

@@ -36,14 +36,14 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
-from include.collect import REPORT_JSON, REPORT_TEXT
-from include.spark_submit import STAGES
+from include.airflow_names import DAG_ID
 from local_platform.moto_s3 import REGION
+from spark_jobs.lib import run_folder
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.config_files import load_config
+from spark_jobs.lib.stages import STAGE_NAMES
 
-DAG_ID = "gpt_pipeline"
-TASKS = ["validate_config", *STAGES, "collect", "promote", "prune_runs"]
+TASKS = ["validate_config", *STAGE_NAMES, "collect", "promote", "prune_runs"]
 USER = "admin"
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -348,20 +348,28 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
         aws_secret_access_key=secrets.token_hex(20),
     )
     keys = {item["Key"][len(prefix) :] for item in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])}
-    for name in ("config.json", "samples.txt", "stats/train.json", REPORT_JSON, REPORT_TEXT):
+    for name in (
+        run_folder.CONFIG_FILE,
+        run_folder.SAMPLES_PATH,
+        run_folder.stats_path("train"),
+        run_folder.REPORT_JSON,
+        run_folder.REPORT_TEXT,
+    ):
         assert name in keys, f"{name} missing from s3://{bucket}/{prefix}: {sorted(keys)}"
-    assert any(key.startswith("model/") for key in keys), f"no model/ in s3://{bucket}/{prefix}: {sorted(keys)}"
+    assert any(key.startswith(f"{run_folder.MODEL_FOLDER}/") for key in keys), (
+        f"no model/ in s3://{bucket}/{prefix}: {sorted(keys)}"
+    )
 
     def s3_json(name: str) -> dict:
         return json.loads(s3.get_object(Bucket=bucket, Key=prefix + name)["Body"].read())
 
     # The values typed into the form are the ones the stages ran with.
-    recorded = s3_json("config.json")
+    recorded = s3_json(run_folder.CONFIG_FILE)
     assert recorded["train"]["max_steps"] == MAX_STEPS and recorded["tokenizer"]["vocab_size"] == 512
     assert recorded["corpus"] == [shakespeare_slice.as_uri()]
-    assert s3_json("stats/train.json")["steps"] == MAX_STEPS
-    assert s3_json(REPORT_JSON) == report
-    sample = s3.get_object(Bucket=bucket, Key=prefix + "samples.txt")["Body"].read().decode("utf-8")
+    assert s3_json(run_folder.stats_path("train"))["steps"] == MAX_STEPS
+    assert s3_json(run_folder.REPORT_JSON) == report
+    sample = s3.get_object(Bucket=bucket, Key=prefix + run_folder.SAMPLES_PATH)["Body"].read().decode("utf-8")
     assert sample.strip() and sample == report["sample"]
 
     # promote moved the run name's latest pointer to this model and the scheduler recorded the

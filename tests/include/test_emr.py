@@ -17,10 +17,10 @@ from packaging.utils import canonicalize_name
 
 from include import emr, emr_tasks
 from include.local_spark import LOOPBACK_CONF, local_argv
-from include.spark_submit import STAGE_FILES, STAGES
-from spark_jobs.lib import lake, memory
+from spark_jobs.lib import memory, run_folder
 from spark_jobs.lib.config import REPO_ROOT, ConfigError
 from spark_jobs.lib.config_files import load_config
+from spark_jobs.lib.stages import STAGE_NAMES, by_name
 
 EMR_TARGET = ["target=emr", "lake=s3://test-lake/pipeline"]
 RUN_ID = "tinyshakespeare-manual__2026-11-22T08:00:00+00:00"
@@ -58,12 +58,12 @@ def test_cluster_request_follows_config():
     assert request["LogUri"] == config.emr.log_uri
     assert (request["JobFlowRole"], request["ServiceRole"]) == (config.emr.job_flow_role, config.emr.service_role)
     code = emr.code_uri(config, RUN_ID)
-    assert code == f"s3://gpt-pipeline/code/{lake.safe_run_id(RUN_ID)}"
+    assert code == f"s3://gpt-pipeline/code/{run_folder.safe_run_id(RUN_ID)}"
     (bootstrap,) = request["BootstrapActions"]
     assert bootstrap["ScriptBootstrapAction"]["Path"] == f"{code}/bootstrap.sh"
     assert bootstrap["ScriptBootstrapAction"]["Args"][0] == code
     tags = {tag["Key"]: tag["Value"] for tag in request["Tags"]}
-    assert tags == {**config.emr.tags, "run_id": lake.safe_run_id(RUN_ID)}
+    assert tags == {**config.emr.tags, "run_id": run_folder.safe_run_id(RUN_ID)}
     assert "${" not in repr(request)
 
 
@@ -142,7 +142,7 @@ def test_emr_target_needs_a_core_node_per_worker_and_an_s3_lake():
 
 def test_steps_run_each_stage_with_spark_submit_on_yarn():
     config = emr_config()
-    for stage in STAGES:
+    for stage in STAGE_NAMES:
         step = emr.stage_step(stage, config, RUN_ID)
         args = step["HadoopJarStep"]["Args"]
         assert step["Name"] == stage and step["HadoopJarStep"]["Jar"] == "command-runner.jar"
@@ -152,9 +152,9 @@ def test_steps_run_each_stage_with_spark_submit_on_yarn():
         args = args[3:]
         assert args[:5] == ["spark-submit", "--master", "yarn", "--deploy-mode", "client"]
         assert args[-3:] == [
-            f"{emr.code_uri(config, RUN_ID)}/spark_jobs/{STAGE_FILES[stage]}",
+            f"{emr.code_uri(config, RUN_ID)}/spark_jobs/{by_name(stage).app_file}",
             "--run-dir",
-            lake.run_dir(config, RUN_ID),
+            run_folder.run_dir(config, RUN_ID),
         ]
         # Every core node's vCPUs (2 m5.2xlarge: 8 each), not the executors that happen to be up when a stage plans.
         if stage != "train":  # train: one task per worker node
@@ -181,11 +181,11 @@ def normalised(argv: list[str], code: str, run_dir: str, resources: dict[str, st
 def test_local_and_emr_run_the_same_applications_with_the_same_arguments(tmp_path):
     config = emr_config()
     local_config = load_config(overrides=["target=local", f"lake={tmp_path / 'lake'}"])
-    local_run, emr_run = lake.run_dir(local_config, RUN_ID), lake.run_dir(config, RUN_ID)
+    local_run, emr_run = run_folder.run_dir(local_config, RUN_ID), run_folder.run_dir(config, RUN_ID)
     code_dir = tmp_path / "code"
     # The targets' own settings: EMR's executor sizing, and locally Spark's loopback addresses.
     resources = emr.train_resources(config) | emr.cluster_parallelism(config) | LOOPBACK_CONF
-    for stage in STAGES:
+    for stage in STAGE_NAMES:
         local = local_argv(stage, local_config, local_run, code_dir)
         remote = emr.stage_step(stage, config, RUN_ID)["HadoopJarStep"]["Args"][3:]  # after the time limit
         assert Path(local[0]).name == remote[0] == "spark-submit"
@@ -331,7 +331,7 @@ def test_longest_cluster_life_grows_with_the_training_budget():
         tries * (emr.sensor_limits("train", long)["timeout"] - emr.sensor_limits("train", short)["timeout"]) / 3600
     )
     assert emr.max_cluster_hours(long) == pytest.approx(emr.max_cluster_hours(short) + extra_hours, abs=0.01)
-    assert emr.max_cluster_hours(short) > tries * len(STAGES) * short.emr.step_timeout_minutes / 60
+    assert emr.max_cluster_hours(short) > tries * len(STAGE_NAMES) * short.emr.step_timeout_minutes / 60
 
 
 def test_a_run_that_could_cost_more_than_the_budget_stops_before_its_cluster_exists():
@@ -445,7 +445,9 @@ def test_a_stage_task_adds_a_step_only_when_its_try_has_none_to_wait_on(steps, t
     sensor.run_folder = lambda: run
     assert sensor.current_step(emr_tasks.step_name("window", try_number)) == waits_on
     assert cluster.added == ([adds] if adds else [])
-    assert run.removed == (["errors/window.json"] if adds else [])  # a new step starts without an earlier try's error
+    assert run.removed == (
+        [run_folder.error_path("window")] if adds else []
+    )  # a new step starts without an earlier try's error
 
 
 def test_training_progress_reads_as_a_line_of_the_task_log():

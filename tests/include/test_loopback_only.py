@@ -13,11 +13,11 @@ import textwrap
 import pytest
 
 from include import emr, local_spark, loopback_only, preflight
-from include.spark_submit import STAGES
 from local_platform import airflow_runner, stage_runner
 from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.stages import STAGE_NAMES
 from tests.listening import listening_sockets, machine_addresses
 
 SIMULATED = "simulated: unshare(CLONE_NEWUSER|CLONE_NEWNET): Operation not permitted"
@@ -30,7 +30,7 @@ def conf_of(argv: list[str]) -> dict[str, str]:
 def test_local_spark_applications_bind_loopback_and_emr_steps_keep_sparks_defaults(tmp_path):
     config = load_config(overrides=[f"lake={tmp_path / 'lake'}"])
     emr_config = load_config(overrides=["target=emr", "lake=s3://test-lake/pipeline"])
-    for stage in STAGES:
+    for stage in STAGE_NAMES:
         conf = conf_of(local_spark.local_argv(stage, config, "file:///run", tmp_path))
         assert conf["spark.driver.host"] == conf["spark.driver.bindAddress"] == "127.0.0.1", stage
         step = conf_of(emr.stage_step(stage, emr_config, "run-1")["HadoopJarStep"]["Args"])
@@ -41,7 +41,7 @@ def test_local_spark_applications_bind_loopback_and_emr_steps_keep_sparks_defaul
 
 def test_only_the_train_stage_runs_contained(tmp_path):
     config = load_config(overrides=[f"lake={tmp_path / 'lake'}"])
-    for stage in STAGES:
+    for stage in STAGE_NAMES:
         argv = local_spark.local_argv(stage, config, "file:///run", tmp_path)
         launched = local_spark.launch_argv(stage, config, argv)
         assert launched == (loopback_only.prefix() + argv if stage == "train" else argv), stage

@@ -19,6 +19,7 @@ import yaml
 
 from local_platform import airflow_runner
 from local_platform.moto_s3 import LocalS3
+from spark_jobs.lib import run_folder
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, read_yaml
 from spark_jobs.lib.overrides import apply_overrides
@@ -386,9 +387,9 @@ def test_make_airflow_stops_with_a_task_running_and_leaves_no_process(tmp_path, 
 
 
 def test_the_run_summary_rounds_the_losses_and_offers_more_samples_of_the_runs_prompt(capsys, tmp_path):
-    folder = tmp_path / "lake" / "runs" / "r"
+    folder = tmp_path / "lake" / run_folder.RUNS_FOLDER / "r"
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({"generate": {"prompt": "Ἀχιλῆος, he said"}}))
+    (folder / run_folder.CONFIG_FILE).write_text(json.dumps({"generate": {"prompt": "Ἀχιλῆος, he said"}}))
     report = {
         "run_folder": folder.as_uri(),
         "s3_uri": "s3://b/runs/r/",
@@ -444,18 +445,22 @@ def test_make_run_runs_the_dag_and_prints_where_the_outputs_are(tmp_path, shakes
     from tests.e2e.test_dag_local import SMALL_RUN
 
     monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
-    older = tmp_path / "lake" / "runs" / "slice-older"  # a run of the same name that collect finished
+    older = tmp_path / "lake" / run_folder.RUNS_FOLDER / "slice-older"  # a run of the same name that collect finished
     older.mkdir(parents=True)
-    (older / "report.json").write_text(json.dumps({"run": "slice-older", "collected_at": "2026-01-01T00:00:00Z"}))
-    (older / "config.json").write_text(json.dumps({"run_name": "slice", "corpus": [f"file://{shakespeare_slice}"]}))
+    (older / run_folder.REPORT_JSON).write_text(
+        json.dumps({"run": "slice-older", "collected_at": "2026-01-01T00:00:00Z"})
+    )
+    (older / run_folder.CONFIG_FILE).write_text(
+        json.dumps({"run_name": "slice", "corpus": [f"file://{shakespeare_slice}"]})
+    )
     settings = [f"lake={tmp_path / 'lake'}", "keep_runs=1", *SMALL_RUN]
     assert (
         airflow_runner.main(["run", "--corpus", str(shakespeare_slice), *(f"--set={item}" for item in settings)]) == 0
     )
     out = capfd.readouterr().out
-    (run_folder,) = (tmp_path / "lake" / "runs").iterdir()
-    assert f"run folder:       {run_folder.as_uri()}\n" in out and (run_folder / "report.md").is_file()
-    report = json.loads((run_folder / "report.json").read_text())
+    (run_path,) = (tmp_path / "lake" / run_folder.RUNS_FOLDER).iterdir()
+    assert f"run folder:       {run_path.as_uri()}\n" in out and (run_path / run_folder.REPORT_TEXT).is_file()
+    report = json.loads((run_path / run_folder.REPORT_JSON).read_text())
     assert f"val nats/char:    {report['val_nats_per_char']:.4f}\n" in out
     assert f"latest model:     s3://gpt-pipeline/runs/latest/slice.json -> {report['s3_uri']}model/\n" in out
     assert "keep_runs:        removed 1 older run folder(s)" in out and "slice-older" in out

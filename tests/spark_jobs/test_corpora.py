@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs import export_tfrecord, positional_embed, tokenize_corpus, window
-from spark_jobs.lib import bpe, lake, parts
+from spark_jobs.lib import bpe, lake, parts, run_folder
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.stage import run_stage
 from tests.conftest import new_run, small_config
@@ -79,7 +79,7 @@ def test_missing_corpus(spark, tmp_path, capsys):
     run, code = run_tokenize(config)
     assert code == 2
     assert error_line(capsys) == f"ERROR [tokenize] corpus {(tmp_path / 'nothing-here.txt').as_uri()} matches no file"
-    assert not lake.exists(lake.stats_uri(run, "tokenize"))
+    assert not lake.exists(run_folder.stats_uri(run, "tokenize"))
 
 
 def test_empty_corpus(spark, tmp_path, capsys):
@@ -98,7 +98,7 @@ def test_corpus_shorter_than_one_window(spark, tmp_path, capsys):
         f"ERROR [tokenize] corpus file {(tmp_path / 'short.txt').as_uri()} is shorter than one window"
     )
     assert "data.block_size + 1 = 33" in line
-    assert not lake.exists(lake.stats_uri(run, "tokenize"))
+    assert not lake.exists(run_folder.stats_uri(run, "tokenize"))
 
 
 @pytest.mark.parametrize(
@@ -129,7 +129,7 @@ def test_bad_file_fails_by_default(spark, tmp_path, capsys, shakespeare_slice, c
     message = f"corpus file {bad_file} {problem}; set data.bad_files=skip to leave such files out"
     assert error_line(capsys) == f"ERROR [tokenize] {message}"
     # The error also stays in the run folder, for a DAG task watching the stage from elsewhere.
-    assert lake.read_json(lake.join(run, lake.error_path("tokenize"))) == {
+    assert lake.read_json(lake.join(run, run_folder.error_path("tokenize"))) == {
         "stage": "tokenize",
         "error": message,
         "bad_input": True,
@@ -144,13 +144,13 @@ def test_a_stage_that_crashes_leaves_its_error_and_a_later_success_removes_it(sp
 
     with pytest.raises(RuntimeError, match="executor lost"):
         run_stage("tokenize", crashing_body, ["--run-dir", run])
-    error = lake.read_json(lake.join(run, lake.error_path("tokenize")))
+    error = lake.read_json(lake.join(run, run_folder.error_path("tokenize")))
     assert error["bad_input"] is False and error["error"].startswith("RuntimeError: executor lost xxx")
     assert len(error["error"]) < 2100  # a Java stack trace in a message is cut
 
     run_stage("tokenize", tokenize_corpus.body, ["--run-dir", run])
-    assert not lake.exists(lake.join(run, lake.error_path("tokenize")))
-    assert lake.exists(lake.stats_uri(run, "tokenize"))
+    assert not lake.exists(lake.join(run, run_folder.error_path("tokenize")))
+    assert lake.exists(run_folder.stats_uri(run, "tokenize"))
 
 
 def test_no_error_file_outside_a_run_folder(spark, tmp_path):
@@ -170,7 +170,7 @@ def test_bad_file_is_skipped_with_a_warning(spark, tmp_path, capsys, shakespeare
         f"WARNING [tokenize] skipping corpus file {bad.as_uri()}: it looks binary (NUL byte at offset 0) "
         "(data.bad_files=skip)" in warnings
     )
-    stats = lake.read_json(lake.stats_uri(run, "tokenize"))
+    stats = lake.read_json(run_folder.stats_uri(run, "tokenize"))
     assert [item["path"] for item in stats["skipped"]] == [
         bad.as_uri(),
         (shakespeare_slice.parent / "empty.txt").as_uri(),
@@ -197,7 +197,9 @@ def test_too_few_windows_for_the_shards_or_a_batch_stop_the_window_stage(
         run_stage("window", window.body, ["--run-dir", run])
     assert stop.value.code == 2
     assert re.fullmatch(f"ERROR \\[window\\] window: {message}.*", error_line(capsys))
-    assert not lake.exists(lake.join(run, "windows")) and not lake.exists(lake.stats_uri(run, "window"))
+    assert not lake.exists(lake.join(run, run_folder.WINDOWS_FOLDER)) and not lake.exists(
+        run_folder.stats_uri(run, "window")
+    )
 
 
 def test_a_word2vec_min_count_no_token_reaches_is_named(spark, tmp_path, capsys, shakespeare_slice):
@@ -214,7 +216,7 @@ def test_a_word2vec_min_count_no_token_reaches_is_named(spark, tmp_path, capsys,
         r"raise max_sentences",
         error_line(capsys),
     )
-    assert lake.read_json(lake.join(run, lake.error_path("positional_embed")))["bad_input"] is True
+    assert lake.read_json(lake.join(run, run_folder.error_path("positional_embed")))["bad_input"] is True
 
 
 def test_windows_line_ends_and_a_byte_order_mark_are_read_as_plain_text(spark, tmp_path, shakespeare_slice):
@@ -230,14 +232,15 @@ def test_windows_line_ends_and_a_byte_order_mark_are_read_as_plain_text(spark, t
     for name, path in (("unix", shakespeare_slice), ("windows", windows)):
         runs[name], code = run_tokenize(small_config(tmp_path, path), name)
         assert code == 0
-    stats = {name: lake.read_json(lake.stats_uri(run, "tokenize")) for name, run in runs.items()}
+    stats = {name: lake.read_json(run_folder.stats_uri(run, "tokenize")) for name, run in runs.items()}
     chars = {name: {split: counts["chars"] for split, counts in stats[name]["splits"].items()} for name in runs}
     assert chars["windows"] == chars["unix"] and sum(chars["unix"].values()) == len(text)
     assert stats["windows"]["pieces"] > 1  # cut after \\r\\n line ends
-    tokenizer = {name: lake.read_text(lake.join(run, "tokenizer", "tokenizer.json")) for name, run in runs.items()}
+    tokenizer = {name: lake.read_text(lake.join(run, run_folder.TOKENIZER_PATH)) for name, run in runs.items()}
     assert tokenizer["windows"] == tokenizer["unix"]
     rows = sorted(
-        pq.read_table(lake.local_path(lake.join(runs["windows"], "tokens"))).to_pylist(), key=lambda row: row["piece"]
+        pq.read_table(lake.local_path(lake.join(runs["windows"], run_folder.TOKENS_FOLDER))).to_pylist(),
+        key=lambda row: row["piece"],
     )
     decoded = {
         split: bpe.from_json(tokenizer["unix"]).decode([i for row in rows if row["split"] == split for i in row["ids"]])
@@ -263,18 +266,18 @@ def test_many_small_files_give_whole_files_to_validation(spark, tmp_path, capsys
         (folder / name).write_text(text, encoding="utf-8")
     run, code = run_tokenize(small_config(tmp_path, folder / "*.txt"))
     assert code == 0
-    stats = lake.read_json(lake.stats_uri(run, "tokenize"))
+    stats = lake.read_json(run_folder.stats_uri(run, "tokenize"))
     assert stats["val_split"] == "files"
     val, train = stats["splits"]["val"], stats["splits"]["train"]
     assert val["documents"] + train["documents"] == 40 and 2 <= val["documents"] <= 4
     assert 0.05 <= val["chars"] / (val["chars"] + train["chars"]) <= 0.1
-    rows = pq.read_table(lake.local_path(lake.join(run, "tokens"))).to_pylist()
+    rows = pq.read_table(lake.local_path(lake.join(run, run_folder.TOKENS_FOLDER))).to_pylist()
     splits_of = {}
     for row in rows:
         splits_of.setdefault(row["path"], set()).add(row["split"])
     assert all(len(splits) == 1 for splits in splits_of.values()), "a file was cut between train and val"
     # Small files share Spark tasks and part files.
-    assert stats["tasks"] <= 6 and len(parts.parquet_files(lake.join(run, "tokens"))) == stats["tasks"]
+    assert stats["tasks"] <= 6 and len(parts.parquet_files(lake.join(run, run_folder.TOKENS_FOLDER))) == stats["tasks"]
     # Each scene is longer than one window, so no part is lost and nothing is warned about.
     assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("WARNING")]
 
@@ -290,7 +293,7 @@ def test_validation_files_too_short_for_a_window_give_way_to_tails(spark, tmp_pa
         (folder / f"note{i:02d}.txt").write_text(text[20_000 + 100 * i : 20_030 + 100 * i], encoding="utf-8")
     run, code = run_tokenize(small_config(tmp_path, folder / "*.txt"), "auto")
     assert code == 0
-    stats = lake.read_json(lake.stats_uri(run, "tokenize"))
+    stats = lake.read_json(run_folder.stats_uri(run, "tokenize"))
     assert stats["val_split"] == "tail" and stats["splits"]["val"]["documents"] == 31
     assert any("validation takes the tail of every file instead" in warning for warning in stats["warnings"])
 
@@ -302,9 +305,9 @@ def test_validation_files_too_short_for_a_window_give_way_to_tails(spark, tmp_pa
 def test_re_running_a_stage_clears_the_stages_that_read_it(spark, tmp_path, capsys, shakespeare_slice):
     run, code = run_tokenize(small_config(tmp_path, shakespeare_slice))
     run_stage("window", window.body, ["--run-dir", run])
-    assert code == 0 and lake.exists(lake.stats_uri(run, "window"))
+    assert code == 0 and lake.exists(run_folder.stats_uri(run, "window"))
     run_stage("tokenize", tokenize_corpus.body, ["--run-dir", run])
-    assert lake.exists(lake.stats_uri(run, "tokenize")) and not lake.exists(lake.stats_uri(run, "window"))
+    assert lake.exists(run_folder.stats_uri(run, "tokenize")) and not lake.exists(run_folder.stats_uri(run, "window"))
     assert "NOTE [tokenize] window read this stage's outputs: no longer complete" in capsys.readouterr().err
 
 
@@ -324,13 +327,14 @@ def test_packed_documents_use_files_shorter_than_a_window(spark, tmp_path, capsy
     run, code = run_tokenize(small_config(tmp_path, folder / "*.txt", ["data.pack_documents=true"]), "packed")
     assert code == 0
     run_stage("window", window.body, ["--run-dir", run])
-    config = lake.read_json(lake.join(run, lake.CONFIG_FILE))
+    config = lake.read_json(lake.join(run, run_folder.CONFIG_FILE))
     block_size, stride = config["data"]["block_size"], config["data"]["stride"]
-    separator = bpe.separator_id(bpe.from_json(lake.read_text(lake.join(run, "tokenizer", "tokenizer.json"))))
+    separator = bpe.separator_id(bpe.from_json(lake.read_text(lake.join(run, run_folder.TOKENIZER_PATH))))
     tokens = sorted(
-        pq.read_table(lake.local_path(lake.join(run, "tokens"))).to_pylist(), key=lambda r: (r["doc_id"], r["piece"])
+        pq.read_table(lake.local_path(lake.join(run, run_folder.TOKENS_FOLDER))).to_pylist(),
+        key=lambda r: (r["doc_id"], r["piece"]),
     )
-    windows = pq.read_table(lake.local_path(lake.join(run, "windows"))).to_pylist()
+    windows = pq.read_table(lake.local_path(lake.join(run, run_folder.WINDOWS_FOLDER))).to_pylist()
     for split in ("train", "val"):
         mine = [row for row in tokens if row["split"] == split]
         stream = []  # the split's files in order, each followed by the separator
@@ -340,7 +344,7 @@ def test_packed_documents_use_files_shorter_than_a_window(spark, tmp_path, capsy
         assert [w["start"] for w in cut] == list(range(0, len(stream) - block_size, stride))
         assert all(w["ids"] == stream[w["start"] : w["start"] + block_size + 1] for w in cut)
         # tokenize's own counts are the files' and their tokens', whether or not windows pack them
-        counted = lake.read_json(lake.stats_uri(run, "tokenize"))["splits"][split]
+        counted = lake.read_json(run_folder.stats_uri(run, "tokenize"))["splits"][split]
         documents = len({row["doc_id"] for row in mine})
         assert (counted["documents"], counted["tokens"]) == (documents, len(stream) - documents)
         assert any(separator in w["ids"][1:-1] for w in cut)  # windows run across files
@@ -363,11 +367,11 @@ def test_paths_with_spaces_hashes_and_accents_work_in_the_preprocessing_stages(s
         ("export", export_tfrecord.body),
     ):
         run_stage(stage, body, ["--run-dir", run])
-        assert lake.exists(lake.stats_uri(run, stage)), stage
-    assert os.path.isdir(tmp_path / "lake été #2" / "runs" / "run" / "tfrecords")
-    rows = pq.read_table(lake.local_path(lake.join(run, "tokens"))).to_pylist()
+        assert lake.exists(run_folder.stats_uri(run, stage)), stage
+    assert os.path.isdir(tmp_path / "lake été #2" / run_folder.RUNS_FOLDER / "run" / "tfrecords")
+    rows = pq.read_table(lake.local_path(lake.join(run, run_folder.TOKENS_FOLDER))).to_pylist()
     assert {row["path"] for row in rows} == {f"file://{folder}/Les Misérables #1.txt"}
-    tokenizer = bpe.from_json(lake.read_text(lake.join(run, "tokenizer", "tokenizer.json")))
+    tokenizer = bpe.from_json(lake.read_text(lake.join(run, run_folder.TOKENIZER_PATH)))
     decoded = "".join(
         tokenizer.decode(row["ids"]) for row in sorted(rows, key=lambda row: (row["piece"], row["split"] == "val"))
     )

@@ -16,7 +16,7 @@ from tokenizers import ByteLevelBPETokenizer
 from local_platform.moto_s3 import LocalS3
 from spark_jobs import generate as generate_module
 from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, next_token, samples
-from spark_jobs.lib import bpe, train_state
+from spark_jobs.lib import bpe, run_folder
 from spark_jobs.lib.config import REPO_ROOT, GenerateConfig
 from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
 from spark_jobs.lib.errors import PipelineError
@@ -65,8 +65,8 @@ def model_dir(tmp_path_factory, shakespeare):
     model = build_decoder(
         vocab_size=tokenizer.get_vocab_size(), block_size=8, dim=16, n_layer=1, n_head=2, mlp_ratio=2, dropout=0.0
     )
-    model.save(folder / train_state.MODEL_FILE)
-    (folder / train_state.TOKENIZER_FILE).write_text(tokenizer._tokenizer.to_str())
+    model.save(folder / run_folder.MODEL_FILE)
+    (folder / run_folder.MODEL_TOKENIZER_FILE).write_text(tokenizer._tokenizer.to_str())
     return folder
 
 
@@ -202,9 +202,12 @@ def test_cli_without_a_model_takes_the_newest_runs_in_the_lake(model_dir, tmp_pa
     )
 
     for run, age_s in (("older", 3600), ("newer", 0)):
-        shutil.copytree(model_dir, tmp_path / "lake" / "runs" / run / "model")
+        shutil.copytree(model_dir, tmp_path / "lake" / run_folder.RUNS_FOLDER / run / run_folder.MODEL_FOLDER)
         stamp = time.time() - age_s
-        os.utime(tmp_path / "lake" / "runs" / run / "model" / train_state.MODEL_FILE, (stamp, stamp))
+        os.utime(
+            tmp_path / "lake" / run_folder.RUNS_FOLDER / run / run_folder.MODEL_FOLDER / run_folder.MODEL_FILE,
+            (stamp, stamp),
+        )
     completed = cli("--prompt", "ROMEO:", "--max-new-tokens", "5", env=env)
     assert completed.returncode == 0, completed.stderr
     assert f"model: {tmp_path / 'lake' / 'runs' / 'newer' / 'model'} (the newest run's)" in completed.stderr

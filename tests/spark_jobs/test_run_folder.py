@@ -1,5 +1,5 @@
-"""Run folders: which stages a re-run or a changed setting makes stale (spark_jobs.lib.stages),
-and create_run clearing their completion markers when an existing run's settings change."""
+"""Run folders (spark_jobs.lib.run_folder): create_run clearing the completion markers of the
+stages an existing run's changed settings make stale, stage markers, and the local runner's run folders."""
 
 from __future__ import annotations
 
@@ -7,96 +7,50 @@ import os
 
 import pytest
 
-from include.spark_submit import STAGES
-from spark_jobs.lib import lake, stages
+from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.config import ConfigError
 from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import parse_args, run_stage
+from spark_jobs.lib.stages import STAGE_NAMES
 from tests.conftest import new_run, small_config
-
-
-def test_the_stage_graph_covers_the_pipeline_in_order():
-    assert tuple(stages.INPUTS) == STAGES == tuple(stages.SETTINGS)
-    for position, stage in enumerate(STAGES):
-        assert all(STAGES.index(source) < position for source in stages.INPUTS[stage])
-
-
-def test_downstream_stages():
-    assert stages.downstream("tokenize") == ["window", "positional_embed", "export", "train", "generate"]
-    assert stages.downstream("positional_embed") == ["train", "generate"]  # export does not read embeddings
-    assert stages.downstream("generate") == []
-
-
-def test_changed_settings_make_their_stages_and_later_ones_stale():
-    old = {"data": {"block_size": 128, "stride": 64}, "train": {"max_steps": 600}, "run_name": "a"}
-    new = {"data": {"block_size": 128, "stride": 32}, "train": {"max_steps": 900}, "run_name": "b"}
-    changed = stages.changed_settings(old, new)
-    assert changed == {"data.stride": (64, 32), "run_name": ("a", "b"), "train.max_steps": (600, 900)}
-    assert stages.stale_stages(list(changed)) == ["window", "positional_embed", "export", "train", "generate"]
-    assert stages.stale_stages(["train.max_steps"]) == ["train", "generate"]
-    assert stages.stale_stages(["embedding.word2vec.window"]) == ["positional_embed", "train", "generate"]
-    assert stages.stale_stages(["run_name", "emr.core_instance_count", "lake"]) == []
-
-
-@pytest.mark.parametrize(
-    "setting, first_stale",
-    [
-        ("corpus", "tokenize"),
-        ("tokenizer.vocab_size", "tokenize"),
-        ("data.val_fraction", "tokenize"),
-        ("data.val_split", "tokenize"),
-        ("data.bad_files", "tokenize"),
-        ("data.block_size", "window"),
-        ("data.stride", "window"),
-        ("data.pack_documents", "window"),
-        ("embedding.dim", "positional_embed"),
-        ("embedding.word2vec.max_sentences", "positional_embed"),
-        ("data.shards", "export"),
-        ("model.n_layer", "train"),
-        ("train.learning_rate", "train"),
-        ("generate.prompt", "generate"),
-    ],
-)
-def test_each_setting_makes_the_stage_that_reads_it_stale(setting, first_stale):
-    assert stages.stale_stages([setting]) == [first_stale, *stages.downstream(first_stale)]
 
 
 def complete(run: str, *names: str) -> None:
     for name in names:
-        lake.complete_stage(run, name, {"stage": name})
+        run_folder.complete_stage(run, name, {"stage": name})
 
 
 def completed(run: str) -> list[str]:
-    return [name for name in STAGES if lake.exists(lake.stats_uri(run, name))]
+    return [name for name in STAGE_NAMES if lake.exists(run_folder.stats_uri(run, name))]
 
 
 def test_an_existing_run_with_changed_settings_keeps_only_what_they_do_not_touch(tmp_path, capsys):
     corpus = tmp_path / "c.txt"
     run = new_run(small_config(tmp_path, corpus), "r")
-    complete(run, *STAGES)
-    assert lake.create_run(small_config(tmp_path, corpus), "r") == run  # same settings: nothing changes
-    assert completed(run) == list(STAGES)
+    complete(run, *STAGE_NAMES)
+    assert run_folder.create_run(small_config(tmp_path, corpus), "r") == run  # same settings: nothing changes
+    assert completed(run) == list(STAGE_NAMES)
 
-    lake.create_run(small_config(tmp_path, corpus, ["train.max_steps=7"]), "r")
+    run_folder.create_run(small_config(tmp_path, corpus, ["train.max_steps=7"]), "r")
     assert completed(run) == ["tokenize", "window", "positional_embed", "export"]
     default = load_config().train.max_steps
     assert (
         f"changed train.max_steps: {default} -> 7; stage(s) train, generate no longer complete"
         in capsys.readouterr().err
     )
-    assert lake.read_json(lake.join(run, lake.CONFIG_FILE))["train"]["max_steps"] == 7
+    assert lake.read_json(lake.join(run, run_folder.CONFIG_FILE))["train"]["max_steps"] == 7
 
-    lake.create_run(small_config(tmp_path, corpus, ["train.max_steps=7", "data.stride=8"]), "r")
+    run_folder.create_run(small_config(tmp_path, corpus, ["train.max_steps=7", "data.stride=8"]), "r")
     assert completed(run) == ["tokenize"]
 
 
 def test_clearing_a_stage_clears_the_stages_that_read_it(tmp_path):
     run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
-    complete(run, *STAGES)
-    assert lake.clear_stage(run, "export") == ["export", "train", "generate"]
+    complete(run, *STAGE_NAMES)
+    assert run_folder.clear_stage(run, "export") == ["export", "train", "generate"]
     assert completed(run) == ["tokenize", "window", "positional_embed"]
-    assert lake.clear_stage(run, "export") == []
+    assert run_folder.clear_stage(run, "export") == []
 
 
 def test_the_local_runner_keeps_an_existing_runs_settings(tmp_path):
@@ -112,7 +66,7 @@ def test_the_local_runner_keeps_an_existing_runs_settings(tmp_path):
     assert args.overrides == [f"lake={tmp_path / 'lake'}", "train.batch_size=4"]
     with pytest.raises(SystemExit):
         stage_runner.parse_args(["--set", f"lake={tmp_path / 'lake'}", "train.batch_size=4", "--run-id", "r"])
-    assert lake.run_dir(config, "r") == run
+    assert run_folder.run_dir(config, "r") == run
     assert (config.corpus, config.train.max_steps, config.train.batch_size) == ([corpus.as_uri()], 7, 4)
     assert config.data.block_size == small_config(tmp_path, corpus).data.block_size != load_config().data.block_size
     # A new run starts from the defaults.
@@ -137,7 +91,7 @@ def test_the_done_line_counts_long_lists_instead_of_printing_them():
     from spark_jobs.lib.stage import brief
 
     stats = {"sequences": [{"doc_id": i} for i in range(300)], "splits": {"train": {"tokens": 5}}, "skipped": [1, 2]}
-    assert brief(stats, "stats/window.json") == {
+    assert brief(stats, run_folder.stats_path("window")) == {
         "sequences": "300 entries, see stats/window.json",
         "splits": {"train": {"tokens": 5}},
         "skipped": [1, 2],
@@ -172,10 +126,12 @@ def test_the_local_runner_describes_each_stage_in_a_few_lines():
 def test_a_run_folder_used_again_is_no_longer_a_collected_run(tmp_path):
     """Its report goes as soon as a command takes it up again, so prune_runs leaves it alone."""
     run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
-    for report in (lake.REPORT_JSON, lake.REPORT_TEXT):
+    for report in (run_folder.REPORT_JSON, run_folder.REPORT_TEXT):
         lake.write_text(lake.join(run, report), "{}")
-    lake.create_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
-    assert not lake.exists(lake.join(run, lake.REPORT_JSON)) and not lake.exists(lake.join(run, lake.REPORT_TEXT))
+    run_folder.create_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
+    assert not lake.exists(lake.join(run, run_folder.REPORT_JSON)) and not lake.exists(
+        lake.join(run, run_folder.REPORT_TEXT)
+    )
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path):
@@ -184,7 +140,7 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path):
     config = small_config(tmp_path, tmp_path / "c.txt")
     ids = [stage_runner.new_run_id(config, "books-20261123T072216Z") for _ in range(3)]
     assert ids == ["books-20261123T072216Z", "books-20261123T072216Z-2", "books-20261123T072216Z-3"]
-    assert all(lake.exists(lake.run_dir(config, run_id)) for run_id in ids)
+    assert all(lake.exists(run_folder.run_dir(config, run_id)) for run_id in ids)
 
 
 def test_a_run_folder_in_use_is_refused_to_a_second_command(tmp_path, capsys):
@@ -192,14 +148,14 @@ def test_a_run_folder_in_use_is_refused_to_a_second_command(tmp_path, capsys):
     from local_platform import stage_runner
 
     run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
-    complete(run, *STAGES)
+    complete(run, *STAGE_NAMES)
     with locks.run_folder_held(run, "the DAG's task train"):
         code = stage_runner.main(["--run-id", "r", "--stages", "generate", "--set", f"lake={tmp_path / 'lake'}"])
     assert code == 2
     assert capsys.readouterr().err.startswith(
         f"ERROR run folder {run} is in use by the DAG's task train (pid {os.getpid()}): wait for it to end"
     )
-    assert completed(run) == list(STAGES), "nothing of the run was touched"
+    assert completed(run) == list(STAGE_NAMES), "nothing of the run was touched"
 
 
 def test_the_local_runner_runs_target_local_only(tmp_path, capsys):
@@ -244,12 +200,13 @@ def test_a_lake_where_no_folder_can_be_made_is_named(tmp_path):
         match=rf"^lake {(tmp_path / 'a-file' / 'lake').as_uri()}: cannot create the run folder .*/runs/r: "
         r".*Not a directory",
     ):
-        lake.create_run(config, "r")
+        run_folder.create_run(config, "r")
 
 
 def test_a_stage_takes_its_run_folder_as_a_path_or_a_uri(tmp_path, capsys):
     assert (
-        parse_args("window", ["--run-dir", str(tmp_path / "runs" / "r1") + "/"]).run_dir == f"file://{tmp_path}/runs/r1"
+        parse_args("window", ["--run-dir", str(tmp_path / run_folder.RUNS_FOLDER / "r1") + "/"]).run_dir
+        == f"file://{tmp_path}/runs/r1"
     )
     assert parse_args("window", ["--run-dir", "s3://lake/runs/r1"]).run_dir == "s3://lake/runs/r1"
     with pytest.raises(SystemExit) as stop:
@@ -303,9 +260,9 @@ def test_the_local_runner_refuses_a_new_run_without_the_stages_its_stages_read(t
 )
 def test_a_run_id_never_names_a_hidden_folder_or_one_outside_runs(tmp_path, run_id, folder):
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
-    assert lake.run_dir(config, run_id) == f"file://{tmp_path}/lake/runs/{folder}"
+    assert run_folder.run_dir(config, run_id) == f"file://{tmp_path}/lake/runs/{folder}"
     with pytest.raises(PipelineError, match="a run id must not be empty"):
-        lake.run_dir(config, "")
+        run_folder.run_dir(config, "")
 
 
 def test_a_run_whose_windows_cannot_fit_the_lakes_disk_is_refused_before_anything_runs(tmp_path, capsys):
@@ -339,7 +296,7 @@ def test_a_stages_resume_folder_goes_only_once_the_stage_is_complete(tmp_path, m
     monkeypatch.setattr(stage, "spark_session", lambda name: None)
     monkeypatch.setattr(stage, "stop_spark", lambda spark: None)
     run = new_run(load_config(overrides=[{"lake": str(tmp_path / "lake")}]))
-    backup = lake.join(run, "checkpoints", "state.npz")
+    backup = lake.join(run, run_folder.BACKUP_PATH)
     seen = []
 
     def training(spark, config, run):
@@ -351,16 +308,54 @@ def test_a_stages_resume_folder_goes_only_once_the_stage_is_complete(tmp_path, m
         raise OSError("the lake went away")
 
     with monkeypatch.context() as failing:
-        failing.setattr(lake, "complete_stage", marker_fails)
+        failing.setattr(run_folder, "complete_stage", marker_fails)
         with pytest.raises(OSError):
-            run_stage("train", training, ["--run-dir", run], resume_folder="checkpoints")
+            run_stage("train", training, ["--run-dir", run], resume_folder=run_folder.BACKUP_FOLDER)
     assert lake.exists(backup), "not complete: the next attempt resumes"
-    run_stage("train", training, ["--run-dir", run], resume_folder="checkpoints")
+    run_stage("train", training, ["--run-dir", run], resume_folder=run_folder.BACKUP_FOLDER)
     assert seen == [False, True]
-    assert lake.exists(lake.stats_uri(run, "train")) and not lake.exists(lake.join(run, "checkpoints"))
+    assert lake.exists(run_folder.stats_uri(run, "train")) and not lake.exists(lake.join(run, run_folder.BACKUP_FOLDER))
 
     lake.write_text(backup, "left by a driver that died after the marker")
     run_stage(
-        "train", lambda *_: seen.append(lake.exists(backup)) or {}, ["--run-dir", run], resume_folder="checkpoints"
+        "train",
+        lambda *_: seen.append(lake.exists(backup)) or {},
+        ["--run-dir", run],
+        resume_folder=run_folder.BACKUP_FOLDER,
     )
     assert seen[-1] is False, "a completed stage run again starts over"
+
+
+def test_the_run_folder_contract_names_the_documented_paths():
+    """The paths the README and the design give the run folder, spelled out once here."""
+    assert run_folder.run_dir(load_config(overrides=[{"lake": "/lake"}]), "r1") == "file:///lake/runs/r1"
+    assert [run_folder.stats_path("train"), run_folder.error_path("train"), run_folder.progress_path("train")] == [
+        "stats/train.json",
+        "errors/train.json",
+        "progress/train.json",
+    ]
+    assert (run_folder.TOKENIZER_PATH, run_folder.TOKENS_FOLDER, run_folder.WINDOWS_FOLDER) == (
+        "tokenizer/tokenizer.json",
+        "tokens",
+        "windows",
+    )
+    assert (run_folder.TOKEN_VECTORS_PATH, run_folder.POSITIONS_PATH, run_folder.EMBEDDINGS_META_PATH) == (
+        "embeddings/token_vectors.npy",
+        "embeddings/positions.npy",
+        "embeddings/meta.json",
+    )
+    assert (run_folder.MANIFEST_PATH, run_folder.BACKUP_PATH, run_folder.EPOCHS_CSV_PATH) == (
+        "tfrecords/manifest.json",
+        "checkpoints/state.npz",
+        "stats/epochs.csv",
+    )
+    assert (run_folder.MODEL_FOLDER, run_folder.MODEL_FILE, run_folder.MODEL_TOKENIZER_FILE) == (
+        "model",
+        "model.keras",
+        "tokenizer.json",
+    )
+    assert (run_folder.CONFIG_FILE, run_folder.SAMPLES_PATH, run_folder.REPORTS) == (
+        "config.json",
+        "samples.txt",
+        ("report.json", "report.md"),
+    )

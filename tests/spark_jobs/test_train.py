@@ -22,14 +22,14 @@ import psutil
 import pytest
 
 from include.local_spark import local_argv, spark_env, submit_stage
-from include.spark_submit import PREPROCESSING_STAGES, package_code
+from include.spark_submit import package_code
 from local_platform.moto_s3 import LocalS3
 from local_platform.stage_runner import run_pipeline
 from spark_jobs.generate import load_model
-from spark_jobs.lib import lake, memory
+from spark_jobs.lib import lake, memory, run_folder
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.config_files import load_config
-from spark_jobs.lib.train_state import BACKUP
+from spark_jobs.lib.stages import PREPROCESSING_STAGES
 from spark_jobs.lib.train_stats import EPOCH_COLUMNS
 from spark_jobs.lib.trainer import build_optimizer
 from tests.conftest import small_config
@@ -73,12 +73,12 @@ def fresh_run(prepared, name: str, overrides: list[str]) -> tuple:
     target = source.with_name(name)
     shutil.copytree(source, target)
     config = load_config(overrides=[config.model_dump(), *overrides])
-    lake.write_text(lake.join(target.as_uri(), lake.CONFIG_FILE), config.to_json())
+    lake.write_text(lake.join(target.as_uri(), run_folder.CONFIG_FILE), config.to_json())
     return config, target.as_uri(), code
 
 
 def epoch_rows(run: str) -> list[dict]:
-    return list(csv.DictReader(lake.read_text(lake.join(run, "stats", "epochs.csv")).splitlines()))
+    return list(csv.DictReader(lake.read_text(lake.join(run, run_folder.EPOCHS_CSV_PATH)).splitlines()))
 
 
 def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, monkeypatch, capfd):
@@ -86,16 +86,17 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     # A backup of another training: the stage says, in its log and its stats, that it starts over.
     stale = io.BytesIO()
     np.savez(stale, meta=np.array(json.dumps({"step": 20, "rows": [], "fingerprint": "another training"})))
-    lake.write_bytes(lake.join(run, BACKUP), stale.getvalue())
+    lake.write_bytes(lake.join(run, run_folder.BACKUP_PATH), stale.getvalue())
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     submit_stage("train", config, run, code)
-    ignored = f"ignoring the training backup {run}/{BACKUP} (step 20): it was taken with other settings or TFRecords"
+    backup = lake.join(run, run_folder.BACKUP_PATH)
+    ignored = f"ignoring the training backup {backup} (step 20): it was taken with other settings or TFRecords"
     assert f"WARNING [train] {ignored}; training starts from step 0" in capfd.readouterr().err
     # The workers leave without interpreter shutdown, so the source files TensorFlow's autograph
     # writes to the temporary folder would stay behind on every run unless the stage removed them.
     assert not list(tmp_path.glob("__autograph_generated_file*"))
 
-    stats = lake.read_json(lake.stats_uri(run, "train"))
+    stats = lake.read_json(run_folder.stats_uri(run, "train"))
     workers = stats["worker_results"]
     assert [worker["worker"] for worker in workers] == [0, 1]
     assert all(worker["workers"] == 2 and worker["steps"] == 40 for worker in workers)
@@ -123,26 +124,26 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     assert float(first["grad_norm_min"]) <= float(first["grad_norm_mean"]) <= float(first["grad_norm_max"])
     # The first step, which compiles, is timed apart (tests/spark_jobs/test_train_inputs.py: left out of tokens/s).
     assert stats["compile_s"] > 0 and stats["tokens_per_s"] > 0 and float(first["tokens_per_s"]) > 0
-    progress = lake.read_json(lake.join(run, lake.progress_path("train")))  # what the EMR task logs while it runs
+    progress = lake.read_json(lake.join(run, run_folder.progress_path("train")))  # what the EMR task logs while it runs
     assert (progress["step"], progress["max_steps"], progress["seconds_left"]) == (40, 40, 0) and progress["loss"] > 0
     # The windows were small enough to stay in memory, and the memory estimate runs were checked
     # against came close to what the workers reached.
     assert all(worker["windows_in_memory"] for worker in workers)
-    vocab = lake.read_json(lake.join(run, lake.MANIFEST_PATH))["vocab_size"]
+    vocab = lake.read_json(lake.join(run, run_folder.MANIFEST_PATH))["vocab_size"]
     peak = max(float(row["process_memory_max_mb"]) for row in rows)
     assert 0.8 <= memory.worker_peak_mb(config, vocab)["total"] / peak <= 1.3, peak
 
-    assert sorted(lake.list_files(lake.join(run, "model"))) == [
-        lake.join(run, "model", "model.keras"),
-        lake.join(run, "model", "tokenizer.json"),
+    assert sorted(lake.list_files(lake.join(run, run_folder.MODEL_FOLDER))) == [
+        lake.join(run, run_folder.MODEL_FOLDER, run_folder.MODEL_FILE),
+        lake.join(run, run_folder.MODEL_FOLDER, run_folder.MODEL_TOKENIZER_FILE),
     ]
-    assert not lake.exists(lake.join(run, "checkpoints")), "backups are removed once the stage is complete"
+    assert not lake.exists(lake.join(run, run_folder.BACKUP_FOLDER)), "backups are removed once the stage is complete"
 
     submit_stage("generate", config, run, code)
-    sample = lake.read_text(lake.join(run, "samples.txt"))
+    sample = lake.read_text(lake.join(run, run_folder.SAMPLES_PATH))
     assert sample.startswith(config.generate.prompt) and len(sample) > len(config.generate.prompt) + 5
     submit_stage("generate", config, run, code)
-    assert lake.read_text(lake.join(run, "samples.txt")) == sample
+    assert lake.read_text(lake.join(run, run_folder.SAMPLES_PATH)) == sample
 
 
 def whole_split_loss(run: str) -> float:
@@ -151,12 +152,12 @@ def whole_split_loss(run: str) -> float:
 
     from spark_jobs.lib.tfrecord import decode_example, iter_records
 
-    model, _ = load_model(lake.join(run, "model"))
-    manifest = lake.read_json(lake.join(run, lake.MANIFEST_PATH))
+    model, _ = load_model(lake.join(run, run_folder.MODEL_FOLDER))
+    manifest = lake.read_json(lake.join(run, run_folder.MANIFEST_PATH))
     windows = [
         decode_example(record)
         for shard in manifest["splits"]["val"]["shards"]
-        for record in iter_records(lake.read_bytes(lake.join(run, "tfrecords", shard)))
+        for record in iter_records(lake.read_bytes(lake.join(run, run_folder.TFRECORDS_FOLDER, shard)))
     ]
     assert len(windows) == manifest["splits"]["val"]["windows"]
     inputs = np.stack([window["input_ids"] for window in windows]).astype(np.int32)
@@ -188,7 +189,7 @@ def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup
     stage = threading.Thread(target=lambda: _run_capturing(failure, config, run, code))
     stage.start()
     deadline = time.monotonic() + 240
-    while not lake.exists(lake.join(run, BACKUP)):
+    while not lake.exists(lake.join(run, run_folder.BACKUP_PATH)):
         assert stage.is_alive() and time.monotonic() < deadline, "no backup appeared"
         time.sleep(0.05)
     victim = max(training_processes(run), key=lambda process: process.pid)
@@ -196,7 +197,7 @@ def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup
     stage.join(timeout=400)
     assert not stage.is_alive() and not failure, failure
 
-    stats = lake.read_json(lake.stats_uri(run, "train"))
+    stats = lake.read_json(run_folder.stats_uri(run, "train"))
     assert stats["resumed_from_step"] in range(100, 600, 100)
     assert stats["steps_this_attempt"] == 600 - stats["resumed_from_step"]
     rows = epoch_rows(run)
@@ -204,7 +205,7 @@ def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup
     assert [int(row["step"]) for row in rows] == [100, 200, 300, 400, 500, 600]
     resumed = [int(row["resumed_from_step"]) for row in rows]
     assert resumed[0] == 0 and resumed[-1] == stats["resumed_from_step"]
-    assert lake.exists(lake.join(run, "model", "model.keras"))
+    assert lake.exists(lake.join(run, run_folder.MODEL_FOLDER, run_folder.MODEL_FILE))
     assert not training_processes(run)
 
 
@@ -247,7 +248,7 @@ def test_the_local_runner_stopped_by_sigterm_leaves_no_training_behind(prepared,
     # spark-submit was stopped with SIGTERM, not killed: Spark's shutdown removed its folders and,
     # with them, the training workers' scratch folders.
     assert not list(spark_folders.iterdir())
-    assert not lake.exists(lake.stats_uri(run, "train"))
+    assert not lake.exists(run_folder.stats_uri(run, "train"))
 
 
 def test_a_diverging_loss_fails_the_stage_at_once_with_a_clear_message(prepared):
@@ -263,7 +264,7 @@ def test_a_diverging_loss_fails_the_stage_at_once_with_a_clear_message(prepared)
         completed.stdout,
     ), completed.stdout[-3000:]
     assert "Lost task" not in completed.stderr, "no training task failed, so Spark retried nothing"
-    assert not lake.exists(lake.stats_uri(run, "train"))
+    assert not lake.exists(run_folder.stats_uri(run, "train"))
     assert not training_processes(run)
 
 
@@ -294,11 +295,11 @@ def test_a_worker_trains_from_an_s3_run_folder(prepared, monkeypatch, tmp_path):
         )
         result = run_worker(s3_run, config, tmp_path)
         assert result["steps"] == 10 and result["resumed_from_step"] == 0
-        assert lake.exists(lake.join(s3_run, "stats", "epochs.csv"))
+        assert lake.exists(lake.join(s3_run, run_folder.EPOCHS_CSV_PATH))
         # The worker leaves its backup: until the stage's driver marks the stage complete, a failure
         # (another worker's, or the driver's) must resume from it rather than from step 0.
-        assert lake.exists(lake.join(s3_run, BACKUP))
-        model, tokenizer = load_model(lake.join(s3_run, "model"))
+        assert lake.exists(lake.join(s3_run, run_folder.BACKUP_PATH))
+        model, tokenizer = load_model(lake.join(s3_run, run_folder.MODEL_FOLDER))
         assert model.get_layer("embedding").vocab_size == tokenizer.get_vocab_size()
 
         # Run again reporting and evaluating more often, it resumes: those settings change no weight.
@@ -309,7 +310,7 @@ def test_a_worker_trains_from_an_s3_run_folder(prepared, monkeypatch, tmp_path):
 
 def run_worker(run: str, config, tmp_path: Path) -> dict:
     """One training worker in a plain process on the run folder with this config; its result."""
-    lake.write_text(lake.join(run, lake.CONFIG_FILE), config.to_json())
+    lake.write_text(lake.join(run, run_folder.CONFIG_FILE), config.to_json())
     result_file = tmp_path / "result.json"
     completed = subprocess.run(
         [sys.executable, "-m", "spark_jobs.lib.trainer", "--run-dir", run, "--result", str(result_file)],

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spark_jobs.lib import lake, train_data
+from spark_jobs.lib import lake, run_folder, train_data
 from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.lake import StageIncomplete
+from spark_jobs.lib.run_folder import StageIncomplete
 from spark_jobs.lib.train_stats import EPOCH_COLUMNS, IntervalStats, StepTimes, epochs_csv, nats_per_char
 from spark_jobs.train import settings_warnings, train
 from tests.conftest import new_run, small_config
@@ -40,7 +40,7 @@ def run_with(tmp_path, shakespeare_slice):
     run = new_run(config)
 
     def write(content: dict):
-        lake.write_json(lake.join(run, lake.MANIFEST_PATH), content)
+        lake.write_json(lake.join(run, run_folder.MANIFEST_PATH), content)
         return config, run
 
     return write
@@ -78,7 +78,7 @@ def test_a_manifest_that_does_not_fit_is_named(run_with, content, message):
     config, run = run_with(content)
     with pytest.raises(PipelineError, match=message) as error:
         train_data.read_manifest(run, config)
-    assert "tfrecords/manifest.json" in str(error.value)
+    assert run_folder.MANIFEST_PATH in str(error.value)
 
 
 def test_training_before_tokenize_says_which_stage_to_run(tmp_path, shakespeare_slice):
@@ -311,12 +311,12 @@ def test_a_local_lakes_shards_are_read_in_place_and_an_s3_lakes_are_copied(tmp_p
 
     shards = ["train/part-00000.tfrecord", "train/part-00002.tfrecord"]
     copies = tmp_path / "copies"
-    local_run = lake.join(tmp_path.as_uri(), "runs", "r")
+    local_run = lake.join(tmp_path.as_uri(), run_folder.RUNS_FOLDER, "r")
     for shard in shards:
-        lake.write_bytes(lake.join(local_run, "tfrecords", shard), shard.encode())
+        lake.write_bytes(lake.join(local_run, run_folder.TFRECORDS_FOLDER, shard), shard.encode())
     # No copy of a local lake: the lake's disk room is checked for its TFRecords once, not twice.
     assert train_data.local_shards(local_run, shards, copies) == [
-        lake.local_path(lake.join(local_run, "tfrecords", shard)) for shard in shards
+        lake.local_path(lake.join(local_run, run_folder.TFRECORDS_FOLDER, shard)) for shard in shards
     ]
     assert not copies.exists()
     with LocalS3(buckets=("lake",)) as s3:
@@ -324,7 +324,7 @@ def test_a_local_lakes_shards_are_read_in_place_and_an_s3_lakes_are_copied(tmp_p
             monkeypatch.setenv(key, value)
         s3_run = "s3://lake/runs/r"
         for shard in shards:
-            lake.write_bytes(lake.join(s3_run, "tfrecords", shard), shard.encode())
+            lake.write_bytes(lake.join(s3_run, run_folder.TFRECORDS_FOLDER, shard), shard.encode())
         paths = train_data.local_shards(s3_run, shards, copies)
     assert paths == [str(copies / shard) for shard in shards]
     assert [Path(path).read_bytes() for path in paths] == [shard.encode() for shard in shards]

@@ -9,7 +9,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from spark_jobs.lib import bpe, corpus, windows
+from spark_jobs.lib import bpe, corpus, corpus_files, windows
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.windows import (
     Piece,
@@ -227,7 +227,6 @@ def test_corpus_check_size_needs_a_window_in_each_split():
 
 
 def test_corpus_files_come_with_their_sizes(tmp_path):
-    from spark_jobs.lib import lake
     from spark_jobs.lib.config_files import load_config
 
     (tmp_path / "b.txt").write_text("bb")
@@ -238,7 +237,7 @@ def test_corpus_files_come_with_their_sizes(tmp_path):
     config = load_config(
         overrides=[{"corpus": [str(tmp_path / "*.txt"), str(tmp_path / "sub"), str(tmp_path / "a.txt")]}]
     )
-    assert lake.corpus_files(config) == {
+    assert corpus_files.corpus_files(config) == {
         (tmp_path / "a.txt").as_uri(): 1,
         (tmp_path / "b.txt").as_uri(): 2,
         (tmp_path / "sub" / "c.txt").as_uri(): 4,

@@ -1,0 +1,139 @@
+"""The run's record: a run folder read on local disk or on S3 (RunFolder), the files of it that
+make the record, and the collect task, which copies them to S3 with the run's report.
+
+The record is the resolved config, stats/, model/ and samples.txt of the run folder; it goes to
+s3://{s3.bucket}/{s3.prefix}/{run folder name}/ through the amazon provider's S3Hook, so the
+Airflow AWS connection decides where S3 is (AWS, LocalStack or a local moto server).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+from datetime import datetime, timezone
+from pathlib import Path
+
+from include.report import build_report, report_text
+from spark_jobs.lib import lake, run_folder
+from spark_jobs.lib.config import PipelineConfig, from_json
+from spark_jobs.lib.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+AWS_CONN_ID = "aws_default"
+RECORD_FILES = (run_folder.CONFIG_FILE, run_folder.SAMPLES_PATH)
+RECORD_FOLDERS = (f"{run_folder.STATS_FOLDER}/", f"{run_folder.MODEL_FOLDER}/")
+
+
+class RunFolder:
+    """Lists and reads a run folder on local disk (file://) or on S3 through the hook."""
+
+    def __init__(self, uri: str, hook):
+        self.uri = uri.rstrip("/")
+        self.hook = hook
+        self.name = posixpath.basename(self.uri)
+
+    def files(self) -> list[str]:
+        """Paths of every file in the folder, relative to it."""
+        if self.uri.startswith("s3://"):
+            bucket, prefix = self.hook.parse_s3_url(self.uri)
+            keys = self.hook.list_keys(bucket_name=bucket, prefix=prefix + "/") or []
+            return sorted(key[len(prefix) + 1 :] for key in keys)
+        return [posixpath.relpath(uri, self.uri) for uri in lake.list_files(self.uri)]
+
+    def has(self, relative: str) -> bool:
+        uri = lake.join(self.uri, relative)
+        if uri.startswith("s3://"):
+            return self.hook.check_for_key(uri)
+        return lake.exists(uri)
+
+    def read(self, relative: str) -> bytes:
+        uri = lake.join(self.uri, relative)
+        if uri.startswith("s3://"):
+            return self.hook.get_key(uri).get()["Body"].read()
+        return lake.read_bytes(uri)
+
+    def read_json(self, relative: str) -> dict:
+        return json.loads(self.read(relative))
+
+    def config(self) -> PipelineConfig:
+        return from_json(self.read(run_folder.CONFIG_FILE).decode("utf-8"))
+
+    def write(self, relative: str, data: bytes) -> None:
+        uri = lake.join(self.uri, relative)
+        if uri.startswith("s3://"):
+            bucket, key = self.hook.parse_s3_url(uri)
+            self.hook.load_bytes(data, key=key, bucket_name=bucket, replace=True)
+        else:
+            lake.write_bytes(uri, data)
+
+    def remove(self, *paths: str) -> None:
+        """Remove files of the folder, those that are there."""
+        if not self.uri.startswith("s3://"):
+            for path in paths:
+                lake.delete(lake.join(self.uri, path))
+        elif paths:
+            bucket, prefix = self.hook.parse_s3_url(self.uri)
+            self.hook.delete_objects(bucket, [f"{prefix}/{path}" for path in paths])  # 1000 a request
+
+    def modified(self, relative: str) -> datetime:
+        uri = lake.join(self.uri, relative)
+        if uri.startswith("s3://"):
+            return self.hook.get_key(uri).last_modified.astimezone(timezone.utc)
+        return datetime.fromtimestamp(os.path.getmtime(lake.local_path(uri)), timezone.utc)
+
+    def siblings(self) -> list[RunFolder]:
+        """The run folders of the lake, this one among them."""
+        runs = posixpath.dirname(self.uri)
+        if runs.startswith("s3://"):
+            bucket, prefix = self.hook.parse_s3_url(runs)
+            folders = self.hook.list_prefixes(bucket_name=bucket, prefix=prefix + "/", delimiter="/") or []
+            return [RunFolder(f"s3://{bucket}/{folder.rstrip('/')}", self.hook) for folder in sorted(folders)]
+        local = Path(lake.local_path(runs))
+        return [RunFolder(lake.join(runs, path.name), self.hook) for path in sorted(local.iterdir()) if path.is_dir()]
+
+
+def record_files(run: RunFolder) -> list[str]:
+    files = [path for path in run.files() if path in RECORD_FILES or path.startswith(RECORD_FOLDERS)]
+    missing = [name for name in RECORD_FILES if name not in files]
+    if missing:
+        raise PipelineError(f"run folder {run.uri} has no {', '.join(missing)}: the run did not complete")
+    return files
+
+
+def check_bucket(hook, bucket: str, setting: str) -> str:
+    """`bucket`, named by the config's `setting`, which must exist (validate_config checks the
+    record's and, on EMR, the logs' before the run too)."""
+    if not hook.check_for_bucket(bucket):
+        raise PipelineError(
+            f"{setting}: bucket {bucket!r} does not exist or is not accessible through the Airflow "
+            f"connection {hook.aws_conn_id}"
+        )
+    return bucket
+
+
+def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | None = None) -> dict:
+    """Copy the run's record to S3, then the report (written last: its presence means complete);
+    the run folder gets the report too (a command that uses the folder again removes it). `extra` goes
+    into the report as it is (on EMR: the cluster and its steps, under "emr")."""
+    run = RunFolder(run_dir, hook)
+    config = run.config()
+    bucket = check_bucket(hook, config.s3.bucket, "s3.bucket")
+    prefix = posixpath.join(config.s3.prefix.strip("/"), run.name)
+    paths, record = record_files(run), RunFolder(f"s3://{bucket}/{prefix}", hook)
+    record.remove(*run_folder.REPORTS)  # a record collected before is not whole until its new report is in
+    for path in paths:
+        hook.load_bytes(run.read(path), key=f"{prefix}/{path}", bucket_name=bucket, replace=True)
+    record.remove(*[path for path in record.files() if path not in paths])  # an earlier collect's, gone from the run
+    report = build_report(run, f"s3://{bucket}/{prefix}/", stages) | (extra or {})
+    files = {run_folder.REPORT_TEXT: report_text(report), run_folder.REPORT_JSON: json.dumps(report, indent=2)}
+    for name, text in files.items():
+        hook.load_string(text, key=f"{prefix}/{name}", bucket_name=bucket, replace=True)
+    try:
+        for name, text in files.items():
+            run.write(name, text.encode("utf-8"))
+    except Exception as error:  # a copy for convenience (the record has it): e.g. a lake Airflow may only read
+        log.warning("the report was not copied to the run folder %s: %s", run.uri, error)
+    return report

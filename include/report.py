@@ -1,0 +1,116 @@
+"""The run's report, written by the collect task: its figures gathered from the run folder's
+stats, config and samples (build_report, report.json) and the page that shows them (report_text,
+report.md)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import datetime, timezone
+
+from spark_jobs.lib import run_folder
+
+
+def build_report(run, s3_uri: str, stages: tuple[str, ...]) -> dict:
+    stats = {stage: run.read_json(run_folder.stats_path(stage)) for stage in stages}
+    config = run.read_json(run_folder.CONFIG_FILE)
+    train = stats["train"]
+    return {
+        "run": run.name,
+        "run_name": config["run_name"],
+        "collected_at": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
+        "run_folder": run.uri,
+        "s3_uri": s3_uri,
+        "final_val_loss": train.get("final_val_loss"),
+        "val_nats_per_char": train.get("final_val_nats_per_char"),
+        "corpus": config["corpus"],
+        "files": stats["tokenize"].get("files"),
+        "skipped_files": len(stats["tokenize"].get("skipped", [])),
+        "vocab_size": stats["tokenize"].get("tokenizer", {}).get("vocab_size"),
+        "splits": stats["export"].get("splits", {}),
+        "model": config["model"] | {"dim": config["embedding"]["dim"], "block_size": config["data"]["block_size"]},
+        "stage_seconds": {stage: stats[stage].get("duration_s") for stage in stages},
+        "warnings": [f"[{stage}] {message}" for stage in stages for message in stats[stage].get("warnings", [])],
+        "train": train,
+        "evaluations": evaluations(run.read(run_folder.EPOCHS_CSV_PATH).decode("utf-8")),
+        "sample": run.read(run_folder.SAMPLES_PATH).decode("utf-8"),
+    }
+
+
+CURVE_COLUMNS = ("step", "train_loss", "val_loss", "val_nats_per_char", "learning_rate")
+CURVE_HEADINGS = ("step", "training loss", "validation loss", "validation nats/char", "learning rate")
+
+
+def evaluations(epochs_csv: str) -> list[dict]:
+    """The validation passes of stats/epochs.csv: step, losses and learning rate of each."""
+    rows = csv.DictReader(io.StringIO(epochs_csv))
+    return [{column: float(row[column]) for column in CURVE_COLUMNS if row.get(column)} for row in rows]
+
+
+def figure(value, spec: str = ",") -> str:
+    return "?" if value is None else format(value, spec)
+
+
+def report_text(report: dict) -> str:
+    train, model, splits = report["train"], report["model"], report["splits"]
+    data = "; ".join(
+        f"{split} {figure(counts.get('chars'))} characters, {figure(counts.get('tokens'))} tokens, "
+        f"{figure(counts.get('windows'))} windows"
+        for split, counts in splits.items()
+    )
+    curve = "\n".join(
+        "| "
+        + " | ".join(figure(row.get(column), ".0f" if column == "step" else ".4g") for column in CURVE_COLUMNS)
+        + " |"
+        for row in report["evaluations"]
+    )
+    stages = "\n".join(f"| {stage} | {seconds} |" for stage, seconds in report["stage_seconds"].items())
+    warnings = "\n".join(f"- {message}" for message in report["warnings"])
+    return (
+        f"# Run {report['run']}\n\n"
+        f"Final validation loss: **{figure(report['final_val_loss'], '.4f')} nats/token**, "
+        f"**{figure(report['val_nats_per_char'], '.4f')} nats/char**.\n\n"
+        f"- record: {report['s3_uri']}\n"
+        f"- run folder: {report['run_folder']}\n"
+        f"- corpus: {', '.join(report['corpus'])} ({files_text(report)}): "
+        f"{data}\n"
+        f"- model: {model['n_layer']} layers, {model['n_head']} heads, width {model['dim']}, "
+        f"{model['block_size']} tokens of context, vocabulary {figure(report['vocab_size'])}: "
+        f"{figure(train.get('parameters'))} parameters\n"
+        f"- training: {figure(train.get('steps'))} steps on {figure(train.get('workers'))} workers, "
+        f"{figure(train.get('tokens_per_s'), ',.0f')} tokens/s, {figure(train.get('train_wall_s'), ',.0f')} s"
+        f"{resumed_text(train)}\n\n"
+        f"## Validation\n\n| {' | '.join(CURVE_HEADINGS)} |\n|{'---|' * len(CURVE_HEADINGS)}\n{curve}\n\n"
+        f"## Stages\n\n| stage | seconds |\n|---|---|\n{stages}\n\n"
+        + (emr_text(report["emr"]) if "emr" in report else "")
+        + (f"## Warnings\n\n{warnings}\n\n" if warnings else "")
+        + f"## Sample\n\n```\n{report['sample']}\n```\n"
+    )
+
+
+def files_text(report: dict) -> str:
+    """'36 files' or, with files data.bad_files=skip left out, '36 files read, 1 skipped'."""
+    files, skipped = report["files"], report.get("skipped_files", 0)
+    if files is None:
+        return "? files"
+    read = f"{files - skipped:,} file{'' if files - skipped == 1 else 's'}"
+    return f"{read} read, {skipped:,} skipped" if skipped else read
+
+
+def resumed_text(train: dict) -> str:
+    """For a training resumed from a backup: the speed and time above are its last attempt's."""
+    if not train.get("resumed_from_step"):
+        return ""
+    return (
+        f" (resumed from step {train['resumed_from_step']:,}: the speed and time are of the last "
+        f"{figure(train.get('steps_this_attempt'))} steps)"
+    )
+
+
+def emr_text(cluster: dict) -> str:
+    steps = "\n".join(f"| {step['name']} | {step['state']} | {figure(step['seconds'])} |" for step in cluster["steps"])
+    return (
+        f"## EMR\n\nCluster {cluster['cluster_id']} ({cluster['release']}), created {cluster['created']}: "
+        f"{figure(cluster['hours_so_far'])} hours and about ${figure(cluster['cost_usd_so_far'], ',.2f')} on demand "
+        f"when collect ran.\n\n| step | state | seconds |\n|---|---|---|\n{steps}\n\n"
+    )

@@ -1,0 +1,118 @@
+"""The collect task's copy of a run's record to S3 (include/record.py) through the amazon provider's
+S3Hook and the Airflow connection, against a moto server: from a local run folder and from an s3:// one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from include.record import collect_record
+from spark_jobs.lib import lake, run_folder
+from spark_jobs.lib.config import load_config
+from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.stages import STAGE_NAMES
+from tests.include.records import (
+    LAKE_BUCKET,
+    RECORD_BUCKET,
+    SHORT_FILE_WARNING,
+    finished_run,
+    record,
+    run_files,
+)
+
+
+@pytest.mark.parametrize("lake_root", ["local", f"s3://{LAKE_BUCKET}/lake"])
+def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lake_root):
+    # A run folder on S3 is the EMR target's.
+    on_s3 = {"lake": lake_root, "target": "emr"}
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")} if lake_root == "local" else on_s3])
+    run_dir = run_folder.run_dir(config, f"run-{len(lake_root)}")
+    files = run_files(config.to_json())
+    finished_run(s3, run_dir, files)
+
+    report = collect_record(run_dir, hook, STAGE_NAMES)
+
+    name = run_dir.rsplit("/", 1)[1]
+    copied = record(s3, name)
+    kept = {key: data for key, data in files.items() if not key.startswith(f"{run_folder.TOKENS_FOLDER}/")}
+    assert {key: copied[key] for key in kept} == kept
+    assert set(copied) == set(kept) | {run_folder.REPORT_JSON, run_folder.REPORT_TEXT}
+    assert json.loads(copied[run_folder.REPORT_JSON]) == report
+    assert report["s3_uri"] == f"s3://{RECORD_BUCKET}/runs/{name}/"
+    assert (report["final_val_loss"], report["val_nats_per_char"]) == (2.5, 0.9)
+    assert report["stage_seconds"] == {stage: (9.0 if stage == "train" else 1.5) for stage in STAGE_NAMES}
+    assert report["sample"] == "The man starts with a sample"
+    text = copied[run_folder.REPORT_TEXT].decode()
+    # The run folder keeps the report too, until a stage runs there again.
+    assert lake.read_text(lake.join(run_dir, run_folder.REPORT_TEXT)) == text
+    assert json.loads(lake.read_text(lake.join(run_dir, run_folder.REPORT_JSON))) == report
+    run_folder.clear_stage(run_dir, "generate")
+    assert not lake.exists(lake.join(run_dir, run_folder.REPORT_TEXT)) and not lake.exists(
+        lake.join(run_dir, run_folder.REPORT_JSON)
+    )
+    assert "Final validation loss: **2.5000 nats/token**, **0.9000 nats/char**." in text
+    assert f"- corpus: {config.corpus[0]} (1 file): train 9,000 characters, 4,000 tokens, 60 windows; val 1,000" in text
+    assert "- model: 4 layers, 4 heads, width 128, 128 tokens of context, vocabulary 300: 123,456 parameters" in text
+    assert "- training: 40 steps on 2 workers, 5,123 tokens/s, 8 s\n" in text
+    assert "| 20 | 3.1 | 2.7 | 1 | 0.002 |\n| 40 | 2.6 | 2.5 | 0.9 | 0.0002 |\n" in text
+    assert report["evaluations"][-1] == {
+        "step": 40,
+        "train_loss": 2.6,
+        "val_loss": 2.5,
+        "val_nats_per_char": 0.9,
+        "learning_rate": 0.0002,
+    }
+    # Stage warnings travel with the report, so that a run on EMR shows them too.
+    assert report["warnings"] == [f"[window] {SHORT_FILE_WARNING}"]
+    assert f"## Warnings\n\n- [window] {SHORT_FILE_WARNING}\n" in copied[run_folder.REPORT_TEXT].decode()
+
+
+def test_a_run_folder_that_cannot_take_the_report_still_gets_a_whole_record(s3, hook, tmp_path, monkeypatch, caplog):
+    from include import record as record_module
+
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    run_dir = run_folder.run_dir(config, "read-only")
+    finished_run(s3, run_dir, run_files(config.to_json()))
+
+    def refuse(self, relative, data):
+        raise PermissionError(f"cannot write {relative}")
+
+    monkeypatch.setattr(record_module.RunFolder, "write", refuse)
+    report = collect_record(run_dir, hook, STAGE_NAMES)
+    assert (
+        set(record(s3, "read-only")) >= {run_folder.REPORT_JSON, run_folder.REPORT_TEXT}
+        and report["final_val_loss"] == 2.5
+    )
+    assert f"the report was not copied to the run folder {run_dir}: cannot write report.md" in caplog.text
+
+
+def test_an_unfinished_run_is_not_collected(s3, hook, tmp_path):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    run_dir = run_folder.run_dir(config, "unfinished")
+    files = run_files(config.to_json())
+    del files[run_folder.SAMPLES_PATH]
+    finished_run(s3, run_dir, files)
+    with pytest.raises(PipelineError, match="has no samples.txt: the run did not complete"):
+        collect_record(run_dir, hook, STAGE_NAMES)
+
+
+def test_a_missing_bucket_is_named(s3, hook, tmp_path):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "s3.bucket=no-such-bucket"])
+    run_dir = run_folder.run_dir(config, "nowhere")
+    finished_run(s3, run_dir, run_files(config.to_json()))
+    with pytest.raises(PipelineError, match="s3.bucket: bucket 'no-such-bucket' does not exist"):
+        collect_record(run_dir, hook, STAGE_NAMES)
+
+
+@pytest.mark.parametrize("prefix", ["", "/", "records/2026"])
+def test_make_run_reads_the_report_collect_wrote_whatever_the_prefix(s3, hook, tmp_path, prefix):
+    from local_platform.airflow_runner import read_report
+
+    bucket = f"prefix-{len(prefix)}"
+    s3.client().create_bucket(Bucket=bucket)
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, f"s3.bucket={bucket}", f"s3.prefix={prefix}"])
+    run_dir = run_folder.run_dir(config, "books-1")
+    finished_run(s3, run_dir, run_files(config.to_json()))
+    report = collect_record(run_dir, hook, STAGE_NAMES)
+    assert read_report(s3, config) == report
