@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable
 
-from spark_jobs.lib import lake
+from spark_jobs.lib import lake, log
 from spark_jobs.lib.config import PipelineConfig, from_json, to_uri
 from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 
 StageBody = Callable[["SparkSession", PipelineConfig, str], dict]  # noqa: F821
+logger = logging.getLogger(__name__)
 
 
 def run_folder(text: str) -> str:
@@ -63,7 +65,7 @@ def stop_spark(spark) -> None:
         barrier = getattr(getattr(context._jvm.org.apache.spark, "BarrierTaskContext$"), "MODULE$")
         getattr(barrier, "org$apache$spark$BarrierTaskContext$$timer")().cancel()
     except Exception as error:
-        print(f"[stage] barrier timer not cancelled ({type(error).__name__}); Spark stops anyway", file=sys.stderr)
+        logger.warning("barrier timer not cancelled (%s); Spark stops anyway", type(error).__name__)
     accumulator_server, context._accumulatorServer = context._accumulatorServer, None
     spark.stop()
     if accumulator_server is not None:
@@ -75,6 +77,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
 
     `resume_folder` (in the run folder) holds what an unfinished attempt of the stage resumes from
     (train's backups): it goes once the stage is complete, so the next run of the stage starts over."""
+    log.setup(stage)
     run = parse_args(stage, argv).run_dir
     try:
         config = load_run_config(run)
@@ -85,8 +88,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
             lake.delete(lake.join(run, resume_folder))
         stale = [name for name in cleared if name != stage]
         if stale:
-            note = f"NOTE [{stage}] {', '.join(stale)} read this stage's outputs: no longer complete"
-            print(note, file=sys.stderr, flush=True)
+            logger.log(log.NOTE, "%s read this stage's outputs: no longer complete", ", ".join(stale))
         spark = spark_session(stage)
         started = time.perf_counter()
         stats = body(spark, config, run)
@@ -100,13 +102,13 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
         if resume_folder:
             remove_resume_folder(run, stage, resume_folder)
     except PipelineError as error:
-        print(f"ERROR [{stage}] {error}", file=sys.stderr, flush=True)
+        logger.error("%s", error)
         record_error(run, stage, str(error), bad_input=True)
         sys.exit(BAD_INPUT_EXIT)
     except Exception as error:
         record_error(run, stage, f"{type(error).__name__}: {error}", bad_input=False)
         raise
-    print(f"[{stage}] done: {json.dumps(brief(stats, f'stats/{stage}.json'), sort_keys=True)}", flush=True)
+    logger.info("done: %s", json.dumps(brief(stats, f"stats/{stage}.json"), sort_keys=True))
     return stats
 
 
@@ -116,7 +118,12 @@ def remove_resume_folder(run: str, stage: str, folder: str) -> None:
     try:
         lake.delete(lake.join(run, folder))
     except OSError as error:
-        warn(stage, f"could not remove {lake.join(run, folder)} ({error}); the stage's next run removes it")
+        logger.warning(
+            "could not remove %s (%s); the stage's next run removes it",
+            lake.join(run, folder),
+            error,
+            extra={"stage": stage},
+        )
 
 
 def record_error(run: str, stage: str, message: str, bad_input: bool, longest: int = 2000) -> None:
@@ -131,12 +138,7 @@ def record_error(run: str, stage: str, message: str, bad_input: bool, longest: i
         if lake.exists(lake.join(run, lake.CONFIG_FILE)):
             lake.write_json(uri, {"stage": stage, "error": message, "bad_input": bad_input})
     except Exception as failure:  # the stage's own error must still be reported
-        warn(stage, f"could not write {uri}: {failure}")
-
-
-def warn(stage: str, message: str) -> None:
-    """A stage's warning line on stderr (stages also keep their warnings in their stats)."""
-    print(f"WARNING [{stage}] {message}", file=sys.stderr, flush=True)
+        logger.warning("could not write %s: %s", uri, failure, extra={"stage": stage})
 
 
 def brief(stats: dict, where: str, longest: int = 10) -> dict:
