@@ -55,18 +55,28 @@ def spark_session(stage: str):
 def stop_spark(spark) -> None:
     """Stop Spark so that spark-submit exits. Spark 3.5 runs barrier() calls on a non-daemon
     java.util.Timer that nothing cancels; locally the barrier tasks run in the driver's JVM, so
-    that timer alone would keep spark-submit running after a barrier stage.
+    that timer alone keeps spark-submit running after a barrier stage: without the cancel, the
+    train stage's spark-submit was still running 300 s after its driver had stopped Spark (in
+    0.76 s), where it otherwise exits at once (benchmarks/spark_startup.py, docs/benchmarks-startup.md).
+    Needed for correctness, not speed.
 
     pyspark's stop() would also wait for its accumulator server, whose handler notices a shutdown
-    only when its 1-second poll times out: about a second per stage. That server runs on a daemon
-    thread that ends with this process, which ends next, so it is only told to stop."""
+    only when its 1-second poll times out: stop() took 0.76-1.03 s per stage waiting, a median of
+    0.21 s without, about 4 s over a run's six applications. That server runs on a daemon thread that
+    ends with this process, which ends next, so it is only told to stop."""
     context = spark.sparkContext
     try:  # a private field: a Spark build without it (EMR's are patched) must not fail a finished stage
         barrier = getattr(getattr(context._jvm.org.apache.spark, "BarrierTaskContext$"), "MODULE$")
         getattr(barrier, "org$apache$spark$BarrierTaskContext$$timer")().cancel()
     except Exception as error:
-        logger.warning("barrier timer not cancelled (%s); Spark stops anyway", type(error).__name__)
-    accumulator_server, context._accumulatorServer = context._accumulatorServer, None
+        logger.warning(
+            "barrier timer not cancelled (%s): after a barrier stage, spark-submit may not exit on its own",
+            type(error).__name__,
+        )
+    # Private too: a pyspark without it is stopped the ordinary way, a second slower.
+    accumulator_server = getattr(context, "_accumulatorServer", None)
+    if accumulator_server is not None:
+        context._accumulatorServer = None
     spark.stop()
     if accumulator_server is not None:
         accumulator_server.server_shutdown = True
