@@ -12,7 +12,7 @@ import posixpath
 from datetime import datetime, timezone
 
 from spark_jobs.lib import run_folder
-from spark_jobs.lib.config import from_json
+from spark_jobs.lib.config_files import from_json
 from spark_jobs.lib.errors import PipelineError
 
 LATEST_FOLDER = "latest"

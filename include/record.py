@@ -17,7 +17,8 @@ from pathlib import Path
 
 from include.report import build_report, report_text
 from spark_jobs.lib import lake, run_folder
-from spark_jobs.lib.config import PipelineConfig, from_json
+from spark_jobs.lib.config import PipelineConfig
+from spark_jobs.lib.config_files import from_json
 from spark_jobs.lib.errors import PipelineError
 
 log = logging.getLogger(__name__)

@@ -22,16 +22,19 @@ standard library's `tokenize` module.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
 
 from spark_jobs.lib import bpe, corpus, corpus_files, lake, parts, run_folder
-from spark_jobs.lib.stage import run_stage, warn
+from spark_jobs.lib.stage import run_stage
 from spark_jobs.lib.windows import SPLITS, check_windows, plan_windows
 from spark_jobs.lib.windows import Piece as WindowPiece
 
 STAGE = "tokenize"
+# By its module's name, also when spark-submit runs this file as __main__: under spark_jobs (lib/log.py).
+logger = logging.getLogger("spark_jobs.tokenize_corpus")
 
 
 def encode_tasks(pieces: list[corpus.Piece], scans: list[corpus.Scan], documents: list[corpus.Document]) -> list[tuple]:
@@ -117,7 +120,7 @@ def body(spark, config, run: str) -> dict:
     documents, skipped, warnings = corpus.assess(files, scans, bad_files=config.data.bad_files)
     documents, val_split = corpus.split_validation(documents, config.data.val_fraction, config.data.val_split)
     for message in warnings:
-        warn(STAGE, message)
+        logger.warning(message)
     timings["scan_s"] = time.perf_counter() - started
 
     encoded = encode_corpus(sc, config, run, pieces, scans, documents, task_bytes, timings)
@@ -128,7 +131,7 @@ def body(spark, config, run: str) -> dict:
             f"(data.block_size + 1 = {config.data.block_size + 1} tokens); validation takes the tail of every "
             "file instead (data.val_split=tail), tokenized again"
         )
-        warn(STAGE, message)
+        logger.warning(message)
         warnings.append(message)
         documents, val_split = corpus.split_validation(documents, config.data.val_fraction, "tail")
         encoded = encode_corpus(sc, config, run, pieces, scans, documents, task_bytes, timings)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import signal
 import socket
@@ -22,12 +23,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from spark_jobs.lib import run_folder, stages, train_data, trainer
+from spark_jobs.lib import log, run_folder, stages, train_data, trainer
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.stage import run_stage, warn
+from spark_jobs.lib.stage import run_stage
 
 PR_SET_PDEATHSIG = 1
+# By its module's name, also when spark-submit runs this file as __main__: under spark_jobs (lib/log.py).
+logger = logging.getLogger("spark_jobs.train")
 
 
 def train(spark, config: PipelineConfig, run: str) -> dict:
@@ -36,7 +39,7 @@ def train(spark, config: PipelineConfig, run: str) -> dict:
     train_data.read_manifest(run, config)  # bad input fails here, before any worker starts
     warnings = settings_warnings(config)
     for message in warnings:
-        warn("train", message)
+        logger.warning(message)
     workers = config.train.num_workers
     results = (
         spark.sparkContext.parallelize(range(workers), workers)
@@ -53,7 +56,7 @@ def train(spark, config: PipelineConfig, run: str) -> dict:
             raise PipelineError(f"training worker {result['worker']}: {result['error']}")
     chief = results[0]
     for message in chief["warnings"]:  # e.g. a backup it could not resume
-        warn("train", message)
+        logger.warning(message)
     warnings += chief["warnings"]
     return {
         "workers": workers,
@@ -89,6 +92,7 @@ def train_task(run: str) -> dict:
     """One barrier task: agree on the cluster with the other tasks, then run a training worker."""
     from pyspark import BarrierTaskContext
 
+    log.setup("train")  # in the executor's Python worker: its lines as the driver's
     context = BarrierTaskContext.get()
     index = context.partitionId()
     host = context.getTaskInfos()[index].address.rsplit(":", 1)[0]

@@ -16,15 +16,18 @@ order), ids (T + 1 token ids).
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
 
 from spark_jobs.lib import bpe, lake, parts, run_folder
-from spark_jobs.lib.stage import run_stage, warn
+from spark_jobs.lib.stage import run_stage
 from spark_jobs.lib.windows import SPLITS, Piece, check_enough_windows, check_windows, plan_windows
 
 STAGE = "window"
+# By its module's name, also when spark-submit runs this file as __main__: under spark_jobs (lib/log.py).
+logger = logging.getLogger("spark_jobs.window")
 ROWS_PER_BATCH = 8192
 
 
@@ -120,7 +123,7 @@ def body(spark, config, run: str) -> dict:
     paths = {row[0]: row[1] for row in rows}
     warnings = check_windows(counts, block_size, stride, paths, tokenize.get("val_split", "tail"))
     for message in warnings:
-        warn(STAGE, message)
+        logger.warning(message)
     windows = {split: counts["splits"][split]["windows"] for split in SPLITS}
     check_enough_windows("window", windows["train"], windows["val"], config.data.shards, config)
 

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable
 
-from spark_jobs.lib import lake, run_folder
+from spark_jobs.lib import lake, log, run_folder
 from spark_jobs.lib.config import PipelineConfig, to_uri
 from spark_jobs.lib.config_files import from_json
 from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
 
 StageBody = Callable[["SparkSession", PipelineConfig, str], dict]  # noqa: F821
+logger = logging.getLogger(__name__)
 
 
 def run_dir_argument(text: str) -> str:
@@ -55,18 +57,28 @@ def spark_session(stage: str):
 def stop_spark(spark) -> None:
     """Stop Spark so that spark-submit exits. Spark 3.5 runs barrier() calls on a non-daemon
     java.util.Timer that nothing cancels; locally the barrier tasks run in the driver's JVM, so
-    that timer alone would keep spark-submit running after a barrier stage.
+    that timer alone keeps spark-submit running after a barrier stage: without the cancel, the
+    train stage's spark-submit was still running 300 s after its driver had stopped Spark (in
+    0.76 s), where it otherwise exits at once (benchmarks/spark_startup.py, docs/benchmarks.md).
+    Needed for correctness, not speed.
 
     pyspark's stop() would also wait for its accumulator server, whose handler notices a shutdown
-    only when its 1-second poll times out: about a second per stage. That server runs on a daemon
-    thread that ends with this process, which ends next, so it is only told to stop."""
+    only when its 1-second poll times out: stop() took 0.76-1.03 s per stage waiting, a median of
+    0.21 s without, about 4 s over a run's six applications. That server runs on a daemon thread that
+    ends with this process, which ends next, so it is only told to stop."""
     context = spark.sparkContext
     try:  # a private field: a Spark build without it (EMR's are patched) must not fail a finished stage
         barrier = getattr(getattr(context._jvm.org.apache.spark, "BarrierTaskContext$"), "MODULE$")
         getattr(barrier, "org$apache$spark$BarrierTaskContext$$timer")().cancel()
     except Exception as error:
-        print(f"[stage] barrier timer not cancelled ({type(error).__name__}); Spark stops anyway", file=sys.stderr)
-    accumulator_server, context._accumulatorServer = context._accumulatorServer, None
+        logger.warning(
+            "barrier timer not cancelled (%s): after a barrier stage, spark-submit may not exit on its own",
+            type(error).__name__,
+        )
+    # Private too: a pyspark without it is stopped the ordinary way, a second slower.
+    accumulator_server = getattr(context, "_accumulatorServer", None)
+    if accumulator_server is not None:
+        context._accumulatorServer = None
     spark.stop()
     if accumulator_server is not None:
         accumulator_server.server_shutdown = True
@@ -77,6 +89,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
 
     `resume_folder` (in the run folder) holds what an unfinished attempt of the stage resumes from
     (train's backups): it goes once the stage is complete, so the next run of the stage starts over."""
+    log.setup(stage)
     run = parse_args(stage, argv).run_dir
     try:
         config = load_run_config(run)
@@ -87,8 +100,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
             lake.delete(lake.join(run, resume_folder))
         stale = [name for name in cleared if name != stage]
         if stale:
-            note = f"NOTE [{stage}] {', '.join(stale)} read this stage's outputs: no longer complete"
-            print(note, file=sys.stderr, flush=True)
+            logger.log(log.NOTE, "%s read this stage's outputs: no longer complete", ", ".join(stale))
         spark = spark_session(stage)
         started = time.perf_counter()
         stats = body(spark, config, run)
@@ -102,13 +114,13 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
         if resume_folder:
             remove_resume_folder(run, stage, resume_folder)
     except PipelineError as error:
-        print(f"ERROR [{stage}] {error}", file=sys.stderr, flush=True)
+        logger.error("%s", error)
         record_error(run, stage, str(error), bad_input=True)
         sys.exit(BAD_INPUT_EXIT)
     except Exception as error:
         record_error(run, stage, f"{type(error).__name__}: {error}", bad_input=False)
         raise
-    print(f"[{stage}] done: {json.dumps(brief(stats, run_folder.stats_path(stage)), sort_keys=True)}", flush=True)
+    logger.info("done: %s", json.dumps(brief(stats, run_folder.stats_path(stage)), sort_keys=True))
     return stats
 
 
@@ -118,7 +130,12 @@ def remove_resume_folder(run: str, stage: str, folder: str) -> None:
     try:
         lake.delete(lake.join(run, folder))
     except OSError as error:
-        warn(stage, f"could not remove {lake.join(run, folder)} ({error}); the stage's next run removes it")
+        logger.warning(
+            "could not remove %s (%s); the stage's next run removes it",
+            lake.join(run, folder),
+            error,
+            extra={"stage": stage},
+        )
 
 
 def record_error(run: str, stage: str, message: str, bad_input: bool, longest: int = 2000) -> None:
@@ -133,12 +150,7 @@ def record_error(run: str, stage: str, message: str, bad_input: bool, longest: i
         if lake.exists(lake.join(run, run_folder.CONFIG_FILE)):
             lake.write_json(uri, {"stage": stage, "error": message, "bad_input": bad_input})
     except Exception as failure:  # the stage's own error must still be reported
-        warn(stage, f"could not write {uri}: {failure}")
-
-
-def warn(stage: str, message: str) -> None:
-    """A stage's warning line on stderr (stages also keep their warnings in their stats)."""
-    print(f"WARNING [{stage}] {message}", file=sys.stderr, flush=True)
+        logger.warning("could not write %s: %s", uri, failure, extra={"stage": stage})
 
 
 def brief(stats: dict, where: str, longest: int = 10) -> dict:

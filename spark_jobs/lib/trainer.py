@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from spark_jobs.lib import embeddings, lake, memory, run_folder, train_data, train_state
+from spark_jobs.lib import embeddings, lake, log, memory, run_folder, train_data, train_state
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import load_run_config
@@ -34,6 +35,8 @@ from spark_jobs.lib.windows import SPLITS
 # Exit code of a worker stopped by its settings (e.g. a diverging loss): a retry would fail the
 # same way, so the stage fails at once instead of Spark retrying the barrier stage.
 SETTINGS_FAILURE_EXIT = 3
+# By its module's name, also when it runs as __main__ (python -m): under spark_jobs (lib/log.py).
+logger = logging.getLogger("spark_jobs.lib.trainer")
 
 
 # Training settings that only say how often the loop reports, evaluates and backs up: they change
@@ -134,9 +137,8 @@ class Worker:
         windows = sum(self.manifest["splits"][split]["windows"] for split in SPLITS) // self.workers
         self.in_memory = train_data.keep_in_memory(windows, self.block_size, self.memory_room_bytes())
         if not self.in_memory and self.is_chief:
-            print(
-                f"[train] {windows:,} windows per worker do not fit in memory: every pass reads them from local disk",
-                flush=True,
+            logger.info(
+                "%s windows per worker do not fit in memory: every pass reads them from local disk", f"{windows:,}"
             )
         self.train_iterator = self._distributed(
             # A seed per worker: with equal shard sizes one seed would put the same positions of
@@ -160,7 +162,7 @@ class Worker:
         results in the driver's log and the stage's stats when the training ends."""
         self.warnings.append(message)
         if self.is_chief:
-            print(f"WARNING [train] {message}", file=sys.stderr, flush=True)
+            logger.warning(message)
 
     def memory_room_bytes(self) -> float:
         """What the model leaves of this worker's memory: its budget or what is free, if less."""
@@ -255,7 +257,7 @@ class Worker:
                 raise PipelineError(f"training loss became {loss} at step {step}; lower train.learning_rate")
             if self.is_chief and (step % train.log_interval == 0 or step == train.max_steps):
                 rate = self.tokens_per_step / seconds
-                print(f"[train] step {step}/{train.max_steps} loss {loss:.4f} {rate:,.0f} tokens/s", flush=True)
+                logger.info("step %d/%d loss %.4f %s tokens/s", step, train.max_steps, loss, f"{rate:,.0f}")
                 self.report_progress(step, loss, rate, times.per_step() or seconds)
             last = step == train.max_steps
             if step % train.eval_interval == 0 or last:
@@ -279,7 +281,7 @@ class Worker:
         try:
             lake.write_json(lake.join(self.run, run_folder.progress_path("train")), progress)
         except OSError as error:  # progress is for watching: a failed write must not stop training
-            print(f"[train] progress not written: {error}", flush=True)
+            logger.info("progress not written: %s", error)
 
     @property
     def tokens_per_step(self) -> int:
@@ -308,10 +310,12 @@ class Worker:
         self.rows.append(row)
         if self.is_chief:
             rate = row["tokens_per_s"]  # None after the compiling step alone
-            print(
-                f"[train] step {step}: val loss {val_loss:.4f}, {row['val_nats_per_char']:.4f} nats/char"
-                + (f", {rate:,.0f} tokens/s" if rate is not None else ""),
-                flush=True,
+            logger.info(
+                "step %d: val loss %.4f, %.4f nats/char%s",
+                step,
+                val_loss,
+                row["val_nats_per_char"],
+                f", {rate:,.0f} tokens/s" if rate is not None else "",
             )
             lake.write_text(lake.join(self.run, run_folder.EPOCHS_CSV_PATH), epochs_csv(self.rows))
 
@@ -393,6 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--result", required=True, help="local file the worker's summary is written to")
     args = parser.parse_args(argv)
+    log.setup("train")  # this process's lines: the chief's progress and warnings in the stage's log
     run = args.run_dir.rstrip("/")
     exit_code = 1
     try:

@@ -7,7 +7,7 @@ import json
 
 from include.record import collect_record
 from spark_jobs.lib import lake, run_folder
-from spark_jobs.lib.config import load_config
+from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.stages import STAGE_NAMES
 
 RECORD_BUCKET = "gpt-pipeline"

@@ -9,7 +9,7 @@ import pytest
 
 from include.record import collect_record
 from spark_jobs.lib import lake, run_folder
-from spark_jobs.lib.config import load_config
+from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stages import STAGE_NAMES
 from tests.include.records import (

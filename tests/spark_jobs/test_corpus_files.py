@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from spark_jobs.lib import corpus_files, lake
-from spark_jobs.lib.config import load_config, to_uri
+from spark_jobs.lib.config import to_uri
+from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError
 from tests.spark_jobs.conftest import BUCKET
 
