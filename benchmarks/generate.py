@@ -10,7 +10,8 @@ takes the same time per token (the text differs; random weights draw longer toke
 Prints the start-up (loading the model and the tokenizer, compiling, the first token out: what one
 `python -m spark_jobs.generate` pays before its steady state, after importing TensorFlow), then for each
 batch size and window slide the steady state over --new-tokens tokens per sample (compiled already):
-ms per step (one token for each sample), ms per token, characters per second. Then where the time of a
+ms per step (one token for each sample), ms per token (and the process's CPU time per token, which
+other processes on the machine sway less), characters per second. Then where the time of a
 step goes: the compiled step alone, a full-window prefill alone, and the matmul FLOPs of a token.
 
 Reference on the same 2 cores: nanoGPT's sample.py, CPU shakespeare_char model, ~1.5 ms per character
@@ -119,21 +120,21 @@ def main() -> None:
         f"compile and first token {first - loaded:.2f} s: first token out {first - started:.2f} s after loading began"
     )
     print(
-        f"{'samples':>7} {'slide':>5} {'tokens':>7} {'seconds':>8} {'ms/step':>8} {'ms/token':>8} "
+        f"{'samples':>7} {'slide':>5} {'tokens':>7} {'seconds':>8} {'ms/step':>8} {'ms/token':>8} {'cpu ms/token':>12} "
         f"{'chars/token':>11} {'chars/s':>8} {'x nanoGPT':>9} {'chars/s @2.9':>12} {'x nanoGPT':>9}"
     )
     for samples in [int(count) for count in args.samples.split(",")]:
         for slide in [int(value) for value in args.window_slides.split(",")]:
             run(model, prompt, samples, decoder.block_size + 2, slide, settings)  # compile for this batch size
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             new = run(model, prompt, samples, args.new_tokens, slide, settings)
-            seconds = time.perf_counter() - started
+            seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
             tokens = sum(len(ids) for ids in new)
             chars = sum(len(tokenizer.decode(prompt + ids)) - len(tokenizer.decode(prompt)) for ids in new)
             per_token = seconds / tokens
             print(
                 f"{samples:>7} {slide:>5} {tokens:>7} {seconds:>8.2f} {seconds / args.new_tokens * 1e3:>8.3f} "
-                f"{per_token * 1e3:>8.3f} {chars / tokens:>11.2f} {chars / seconds:>8,.0f} "
+                f"{per_token * 1e3:>8.3f} {cpu_seconds / tokens * 1e3:>12.3f} {chars / tokens:>11.2f} {chars / seconds:>8,.0f} "
                 f"{chars / seconds / NANOGPT_CHARS_PER_S:>9.1f} {CHARS_PER_TOKEN / per_token:>12,.0f} "
                 f"{CHARS_PER_TOKEN / per_token / NANOGPT_CHARS_PER_S:>9.1f}"
             )
