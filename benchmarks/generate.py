@@ -134,7 +134,8 @@ def main() -> None:
             per_token = seconds / tokens
             print(
                 f"{samples:>7} {slide:>5} {tokens:>7} {seconds:>8.2f} {seconds / args.new_tokens * 1e3:>8.3f} "
-                f"{per_token * 1e3:>8.3f} {cpu_seconds / tokens * 1e3:>12.3f} {chars / tokens:>11.2f} {chars / seconds:>8,.0f} "
+                f"{per_token * 1e3:>8.3f} {cpu_seconds / tokens * 1e3:>12.3f} "
+                f"{chars / tokens:>11.2f} {chars / seconds:>8,.0f} "
                 f"{chars / seconds / NANOGPT_CHARS_PER_S:>9.1f} {CHARS_PER_TOKEN / per_token:>12,.0f} "
                 f"{CHARS_PER_TOKEN / per_token / NANOGPT_CHARS_PER_S:>9.1f}"
             )
