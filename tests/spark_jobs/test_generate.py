@@ -271,6 +271,17 @@ def test_cli_rejects_bad_settings_by_name(model_dir):
     assert "generate.temperature: must be above 0; strategy greedy takes the most likely token" in completed.stderr
 
 
+def test_cli_slides_the_window_as_asked(model_dir):
+    args = ["--model-dir", str(model_dir), "--prompt", "ROMEO:", "--max-new-tokens", "12", "--strategy", "greedy"]
+    completed = cli(*args, "--window-slide", "4")
+    assert completed.returncode == 0, completed.stderr
+    model, tokenizer = load_model(str(model_dir))
+    options = settings(prompt="ROMEO:", max_new_tokens=12, strategy="greedy")
+    assert completed.stdout == reference_generate(model, tokenizer, options, window_slide=4) + "\n"
+    too_wide = cli(*args, "--window-slide", "9")
+    assert too_wide.returncode == 2 and "--window-slide 9: must be between 1 and the block size 8" in too_wide.stderr
+
+
 def test_cli_help_describes_the_command_line_not_the_stage():
     helped = cli("--help")
     assert helped.returncode == 0 and "--model-dir MODEL_DIR" in helped.stdout and "--prompt" in helped.stdout
