@@ -45,7 +45,8 @@ from include import class_archive  # noqa: E402
 from include.local_spark import local_argv, spark_env  # noqa: E402
 from include.spark_submit import LIBRARY_ZIP, STAGES, package_code  # noqa: E402
 from spark_jobs.lib import lake  # noqa: E402
-from spark_jobs.lib.config import SHARED_CORPUS, load_config  # noqa: E402
+from spark_jobs.lib.config import SHARED_CORPUS  # noqa: E402
+from spark_jobs.lib.config_files import load_config  # noqa: E402
 
 SMALL = [
     "tokenizer.vocab_size=512",

@@ -15,11 +15,12 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 
-from spark_jobs.lib import bpe, lake, run_folder
+from spark_jobs.lib import bpe, lake, run_folder, sampling
 from spark_jobs.lib.config import GenerateConfig, PipelineConfig, to_uri
 from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError
@@ -93,44 +94,63 @@ def next_token(logits: np.ndarray, settings: GenerateConfig, rng: np.random.Gene
     return int(rng.choice(probabilities.size, p=probabilities))
 
 
-def generate(model, tokenizer, settings: GenerateConfig) -> str:
-    """The prompt and its continuation of up to settings.max_new_tokens tokens, ending early where
-    the model ends the document (<|endoftext|>); the same seed gives the same text. An empty prompt
-    starts a new document: the model continues <|endoftext|>, which the text leaves out."""
+def generate_ids(
+    model, tokenizer, settings: GenerateConfig, window_slide: int = 1
+) -> tuple[list[int], list[list[int]]]:
+    """The prompt's ids and the new ids of settings.num_samples samples, decoded as one batch
+    (spark_jobs.lib.sampling): sample i draws with seed settings.seed + i, each up to
+    settings.max_new_tokens tokens, ending early where the model ends the document (<|endoftext|>).
+    window_slide: how the context window slides past block_size (1: exactly; see sampling)."""
     end_of_text = bpe.separator_id(tokenizer)
     ids = tokenizer.encode(settings.prompt).ids if settings.prompt else [end_of_text]
     if not ids:
         raise PipelineError(f"the prompt {settings.prompt!r} encodes to no tokens")
-    block_size = model.get_layer("embedding").block_size
     # The model has tokenizer.vocab_size outputs; BPE may have learned fewer tokens, whose ids alone decode.
     known = tokenizer.get_vocab_size()
-    rng = np.random.default_rng(settings.seed)
-    for _ in range(settings.max_new_tokens):
-        context = ids[-block_size:]
-        logits = model(np.array([context], dtype=np.int32), training=False)
-        token = next_token(np.asarray(logits[0, -1])[:known], settings, rng)
-        if token == end_of_text:
-            break
-        ids.append(token)
-    return tokenizer.decode(ids)
+    rngs = [np.random.default_rng(settings.seed + i) for i in range(settings.num_samples)]
+    new = sampling.decode(
+        model,
+        ids,
+        num_samples=settings.num_samples,
+        max_new_tokens=settings.max_new_tokens,
+        pick=lambda i, logits: next_token(logits, settings, rngs[i]),
+        stop_id=end_of_text,
+        known=known,
+        window_slide=window_slide,
+    )
+    return ids, new
+
+
+def generate(model, tokenizer, settings: GenerateConfig, window_slide: int = 1) -> str:
+    """The prompt and its continuation of up to settings.max_new_tokens tokens, ending early where
+    the model ends the document (<|endoftext|>); the same seed gives the same text. An empty prompt
+    starts a new document: the model continues <|endoftext|>, which the text leaves out."""
+    return sample_texts(model, tokenizer, settings.model_copy(update={"num_samples": 1}), window_slide)[0]
+
+
+def sample_texts(model, tokenizer, settings: GenerateConfig, window_slide: int = 1) -> list[str]:
+    """settings.num_samples texts, sample i with seed settings.seed + i (the same text as drawn alone)."""
+    ids, new = generate_ids(model, tokenizer, settings, window_slide)
+    return [tokenizer.decode(ids + tokens) for tokens in new]
 
 
 SAMPLE_SEPARATOR = "\n---------------\n"
 
 
-def samples(model, tokenizer, settings: GenerateConfig) -> str:
+def samples(model, tokenizer, settings: GenerateConfig, window_slide: int = 1) -> str:
     """settings.num_samples samples, sample i with seed settings.seed + i, separated by a line of dashes."""
-    texts = [
-        generate(model, tokenizer, settings.model_copy(update={"seed": settings.seed + i}))
-        for i in range(settings.num_samples)
-    ]
-    return SAMPLE_SEPARATOR.join(texts)
+    return SAMPLE_SEPARATOR.join(sample_texts(model, tokenizer, settings, window_slide))
 
 
 def generate_stage(spark, config: PipelineConfig, run: str) -> dict:
     run_folder.require_stage(run, "train")
+    started = time.perf_counter()
     model, tokenizer = load_model(lake.join(run, run_folder.MODEL_FOLDER))
-    text = samples(model, tokenizer, config.generate)
+    loaded = time.perf_counter()
+    ids, new = generate_ids(model, tokenizer, config.generate)
+    generated = time.perf_counter()
+    text = SAMPLE_SEPARATOR.join(tokenizer.decode(ids + tokens) for tokens in new)
+    tokens = sum(len(tokens) for tokens in new)
     lake.write_text(lake.join(run, run_folder.SAMPLES_PATH), text + "\n")
     print(text, flush=True)
     return {
@@ -140,6 +160,11 @@ def generate_stage(spark, config: PipelineConfig, run: str) -> dict:
         "seed": config.generate.seed,
         "samples": config.generate.num_samples,
         "chars": len(text),
+        # Generation includes compiling the decoder's prefill and step (about a second), not loading the model.
+        "generated_tokens": tokens,
+        "generation_s": round(generated - loaded, 3),
+        "tokens_per_s": round(tokens / (generated - loaded), 1),
+        "timings": {"load_model": loaded - started, "generation": generated - loaded},
     }
 
 
@@ -164,13 +189,27 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--num-samples", type=int)
+    parser.add_argument(
+        "--window-slide",
+        type=int,
+        default=1,
+        metavar="TOKENS",
+        help="past the model's block size, slide the context window by this many tokens at a time: 1 (default) "
+        "conditions every token on exactly the last block_size tokens, but each costs a pass over the whole "
+        "block; more (e.g. half the block size) is much faster, each token then seeing at least "
+        "block_size - TOKENS + 1 tokens",
+    )
     args = vars(parser.parse_args(argv))
-    model_dir, pointer = args.pop("model_dir"), args.pop("latest")
+    model_dir, pointer, window_slide = args.pop("model_dir"), args.pop("latest"), args.pop("window_slide")
     try:
         given = {key: value for key, value in args.items() if value is not None}
         config = load_config(overrides={"generate": given})
         model_uri = pointed_model(to_uri(pointer)) if pointer else model_dir or newest_model(config)
-        print(samples(*load_model(model_uri), config.generate))
+        model, tokenizer = load_model(model_uri)
+        block_size = model.get_layer("embedding").block_size
+        if not 1 <= window_slide <= block_size:
+            raise PipelineError(f"--window-slide {window_slide}: must be between 1 and the block size {block_size}")
+        print(samples(model, tokenizer, config.generate, window_slide))
     except (PipelineError, OSError) as error:  # OSError: a model or pointer that cannot be read
         print(f"ERROR {error}", file=sys.stderr)
         return 2

@@ -6,8 +6,8 @@ import shutil
 import subprocess
 import sys
 import time
-from itertools import pairwise
 
+import keras
 import numpy as np
 import pytest
 import yaml
@@ -15,8 +15,8 @@ from tokenizers import ByteLevelBPETokenizer
 
 from local_platform.moto_s3 import LocalS3
 from spark_jobs import generate as generate_module
-from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, next_token, samples
-from spark_jobs.lib import bpe, run_folder
+from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, next_token, sample_texts, samples
+from spark_jobs.lib import bpe, lake, run_folder, sampling
 from spark_jobs.lib.config import REPO_ROOT, GenerateConfig
 from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
 from spark_jobs.lib.errors import PipelineError
@@ -89,28 +89,17 @@ def test_generation_stops_where_the_model_ends_the_document(model_dir, monkeypat
     assert text == tokenizer.decode(tokenizer.encode("Not").ids + [to, be])  # nothing after the separator
 
 
-class ModelSpy:
-    """The model, noting the context of every call."""
-
-    def __init__(self, model):
-        self.model, self.contexts = model, []
-
-    def get_layer(self, name):
-        return self.model.get_layer(name)
-
-    def __call__(self, ids, training):
-        self.contexts.append(ids[0].tolist())
-        return self.model(ids, training=training)
-
-
 def test_an_empty_prompt_starts_a_new_document(model_dir, monkeypatch):
     model, tokenizer = load_model(model_dir.as_uri())
     to, be = tokenizer.encode(" to").ids[0], tokenizer.encode(" be").ids[0]
     drawn = iter([to, be, bpe.separator_id(tokenizer)])
     monkeypatch.setattr(generate_module, "next_token", lambda *_: next(drawn))
-    spy = ModelSpy(model)
-    text = generate(spy, tokenizer, settings(prompt="", max_new_tokens=10))
-    assert spy.contexts[0] == [bpe.separator_id(tokenizer)]  # the model continues <|endoftext|>
+    prompts, decode = [], sampling.decode
+    monkeypatch.setattr(
+        sampling, "decode", lambda model, prompt, **rest: prompts.append(prompt) or decode(model, prompt, **rest)
+    )
+    text = generate(model, tokenizer, settings(prompt="", max_new_tokens=10))
+    assert prompts == [[bpe.separator_id(tokenizer)]]  # the model continues <|endoftext|>
     assert text == tokenizer.decode([to, be]) and text.startswith(" to")  # without the <|endoftext|>
 
 
@@ -136,16 +125,110 @@ def test_only_ids_the_tokenizer_knows_are_drawn(model_dir, monkeypatch):
     assert sizes and set(sizes) == {tokenizer.get_vocab_size()}
 
 
-def test_context_longer_than_the_block_is_cropped_to_its_last_tokens(model_dir):
+def reference_generate(model, tokenizer, settings: GenerateConfig, window_slide: int = 1) -> str:
+    """The sampler before the KV cache: the whole model on the whole context for every token. Its
+    context is the last block_size tokens (window_slide 1); with window_slide s, once longer than the
+    block it starts over from its last block_size - s + 1 tokens, as sampling.decode's window."""
+    end_of_text = bpe.separator_id(tokenizer)
+    ids = tokenizer.encode(settings.prompt).ids if settings.prompt else [end_of_text]
+    block_size = model.get_layer("embedding").block_size
+    known = tokenizer.get_vocab_size()
+    rng = np.random.default_rng(settings.seed)
+    start = max(0, len(ids) - block_size)
+    for _ in range(settings.max_new_tokens):
+        context = ids[start:]
+        assert len(context) <= block_size
+        logits = model(np.array([context], dtype=np.int32), training=False)
+        token = next_token(np.asarray(logits[0, -1])[:known], settings, rng)
+        if token == end_of_text:
+            break
+        ids.append(token)
+        if len(ids) - start > block_size:
+            start = len(ids) - (block_size - window_slide + 1)
+    return tokenizer.decode(ids)
+
+
+@pytest.fixture(scope="module")
+def deeper_model():
+    """Two blocks, so that a cache feeds the next block's; weights larger than at initialisation, so that the
+    logits spread as a trained model's do (and differences from the full pass would show)."""
+    keras.utils.set_random_seed(3)
+    model = build_decoder(vocab_size=300, block_size=8, dim=16, n_layer=2, n_head=2, mlp_ratio=2, dropout=0.0)
+    for variable in model.trainable_variables:
+        if len(variable.shape) == 2:
+            variable.assign(variable.numpy() * 10)
+    return model
+
+
+LOGITS_TOLERANCE = 1e-5  # absolute, on logits of a few units; float32 rounding gives ~1e-6
+
+
+def test_the_cached_step_gives_the_full_passs_logits_at_every_position(deeper_model):
+    ids = np.random.default_rng(0).integers(0, 300, (3, 8)).astype(np.int32)
+    full = deeper_model(ids, training=False).numpy()  # [3, 8, 300]
+    assert np.abs(full).max() > 1  # logits that differ
+    decoder = sampling.cached_decoder(deeper_model)
+    for length in range(1, 9):  # prefill of the first `length` ids (the rest is padding)
+        logits, _ = decoder.prefill(ids, np.int32(length))
+        np.testing.assert_allclose(logits.numpy(), full[:, length - 1], rtol=0, atol=LOGITS_TOLERANCE)
+    logits, cache = decoder.prefill(ids, np.int32(1))
+    for position in range(1, 8):  # then one cached step per position
+        logits, cache = decoder.step(ids[:, position], np.int32(position), cache)
+        np.testing.assert_allclose(logits.numpy(), full[:, position], rtol=0, atol=LOGITS_TOLERANCE)
+
+
+@pytest.mark.parametrize("prompt", ["The", "To be, or not to be: " * 4])  # shorter and longer than the block
+def test_greedy_decoding_gives_the_tokens_of_the_full_pass(model_dir, deeper_model, prompt):
+    _, tokenizer = load_model(model_dir.as_uri())
+    options = settings(prompt=prompt, max_new_tokens=30, strategy="greedy")  # the window slides 20 times or more
+    assert generate(deeper_model, tokenizer, options) == reference_generate(deeper_model, tokenizer, options)
+    sampled = options.model_copy(update={"strategy": "top_k", "temperature": 1.0, "seed": 2})
+    assert generate(deeper_model, tokenizer, sampled) == reference_generate(deeper_model, tokenizer, sampled)
+
+
+def test_a_wider_window_slide_starts_over_from_the_last_tokens(model_dir, deeper_model):
+    _, tokenizer = load_model(model_dir.as_uri())
+    options = settings(prompt="ROMEO:", max_new_tokens=30, strategy="greedy")
+    texts = {slide: generate(deeper_model, tokenizer, options, window_slide=slide) for slide in (1, 4, 8)}
+    for slide, text in texts.items():
+        assert text == reference_generate(deeper_model, tokenizer, options, window_slide=slide)
+    with pytest.raises(ValueError, match="window_slide 9 is not between 1 and the block size 8"):
+        generate(deeper_model, tokenizer, options, window_slide=9)
+
+
+def test_a_sample_of_a_batch_is_the_sample_drawn_alone(model_dir, deeper_model):
+    _, tokenizer = load_model(model_dir.as_uri())
+    options = settings(prompt="ROMEO:", max_new_tokens=20, strategy="top_k", temperature=1.0, seed=11, num_samples=8)
+    texts = sample_texts(deeper_model, tokenizer, options)
+    alone = [generate(deeper_model, tokenizer, options.model_copy(update={"seed": 11 + k})) for k in range(8)]
+    assert texts == alone and len(set(texts)) == 8
+    assert texts == sample_texts(deeper_model, tokenizer, options)  # and again, run after run
+
+
+def test_samples_of_a_batch_end_apart(model_dir, monkeypatch):
+    """A sample that draws <|endoftext|> ends there; the others run on."""
     model, tokenizer = load_model(model_dir.as_uri())
-    spy, prompt = ModelSpy(model), "To be, or not to be: " * 4
-    generate(spy, tokenizer, settings(prompt=prompt, max_new_tokens=12, strategy="greedy"))
-    block_size = model.get_layer("embedding").block_size  # 8
-    assert len(tokenizer.encode(prompt).ids) > block_size and len(spy.contexts) == 12
-    # Each draw sees the last block_size ids: the prompt's last ones, then each context moves on by the token drawn.
-    assert spy.contexts[0] == tokenizer.encode(prompt).ids[-block_size:]
-    for before, after in pairwise(spy.contexts):
-        assert len(after) == block_size and after[:-1] == before[1:]
+    end = bpe.separator_id(tokenizer)
+    to = tokenizer.encode(" to").ids[0]
+    plans = {1: iter([to, end]), 2: iter([to] * 6)}  # sample i of the batch draws with seed 1 + i
+    monkeypatch.setattr(
+        generate_module, "next_token", lambda logits, options, rng: next(plans[rng.bit_generator.seed_seq.entropy])
+    )
+    texts = sample_texts(model, tokenizer, settings(prompt="Not", max_new_tokens=6, seed=1, num_samples=2))
+    assert texts == [
+        tokenizer.decode(tokenizer.encode("Not").ids + [to]),
+        tokenizer.decode(tokenizer.encode("Not").ids + [to] * 6),
+    ]
+
+
+def test_the_stage_records_how_long_generation_took(model_dir, tmp_path, monkeypatch):
+    shutil.copytree(model_dir, tmp_path / "run" / run_folder.MODEL_FOLDER)
+    monkeypatch.setattr(lake, "require_stage", lambda *_: {})  # as if the train stage had completed
+    config = load_config(overrides={"generate": {"prompt": "ROMEO:", "max_new_tokens": 6, "num_samples": 2}})
+    stats = generate_module.generate_stage(None, config, (tmp_path / "run").as_uri())
+    written = (tmp_path / "run" / run_folder.SAMPLES_PATH).read_text()
+    assert written.count("ROMEO:") == 2 and 0 < stats["generated_tokens"] <= 12
+    assert stats["generation_s"] > 0 and stats["tokens_per_s"] > 0 and stats["timings"]["load_model"] > 0
 
 
 def test_a_folder_without_a_model_is_named(tmp_path):
@@ -181,6 +264,17 @@ def test_cli_rejects_bad_settings_by_name(model_dir):
     completed = cli("--model-dir", str(model_dir), "--temperature", "0")
     assert completed.returncode == 2
     assert "generate.temperature: must be above 0; strategy greedy takes the most likely token" in completed.stderr
+
+
+def test_cli_slides_the_window_as_asked(model_dir):
+    args = ["--model-dir", str(model_dir), "--prompt", "ROMEO:", "--max-new-tokens", "12", "--strategy", "greedy"]
+    completed = cli(*args, "--window-slide", "4")
+    assert completed.returncode == 0, completed.stderr
+    model, tokenizer = load_model(str(model_dir))
+    options = settings(prompt="ROMEO:", max_new_tokens=12, strategy="greedy")
+    assert completed.stdout == reference_generate(model, tokenizer, options, window_slide=4) + "\n"
+    too_wide = cli(*args, "--window-slide", "9")
+    assert too_wide.returncode == 2 and "--window-slide 9: must be between 1 and the block size 8" in too_wide.stderr
 
 
 def test_cli_help_describes_the_command_line_not_the_stage():
