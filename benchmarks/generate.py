@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from spark_jobs.generate import load_model, next_token  # noqa: E402
-from spark_jobs.lib import bpe, sampling, train_state  # noqa: E402
+from spark_jobs.lib import bpe, run_folder, sampling  # noqa: E402
 from spark_jobs.lib.config_files import load_config  # noqa: E402
 from spark_jobs.lib.model import build_decoder  # noqa: E402
 
@@ -60,8 +60,8 @@ def default_model_folder(folder: Path, config) -> Path:
         mlp_ratio=config.model.mlp_ratio,
         dropout=0.0,
     )
-    model.save(folder / train_state.MODEL_FILE)
-    (folder / train_state.TOKENIZER_FILE).write_text(tokenizer._tokenizer.to_str())
+    model.save(folder / run_folder.MODEL_FILE)
+    (folder / run_folder.MODEL_TOKENIZER_FILE).write_text(tokenizer._tokenizer.to_str())
     return folder
 
 

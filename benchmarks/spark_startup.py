@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from include import class_archive  # noqa: E402
 from include.local_spark import local_argv, spark_env  # noqa: E402
 from include.spark_submit import LIBRARY_ZIP, STAGES, package_code  # noqa: E402
-from spark_jobs.lib import lake  # noqa: E402
+from spark_jobs.lib import lake, run_folder  # noqa: E402
 from spark_jobs.lib.config import SHARED_CORPUS  # noqa: E402
 from spark_jobs.lib.config_files import load_config  # noqa: E402
 
@@ -139,7 +139,7 @@ def submit(stage: str, config, run: str, code: Path, jvm_options: tuple[str, ...
 
 def run_variant(variant: str, config, run_id: str, work: Path, archives: Path, timeout: float) -> dict:
     """Each stage's wall time and body time (duration_s of its stats) in a fresh run folder."""
-    run = lake.create_run(config, run_id)
+    run = run_folder.create_run(config, run_id)
     code = package(work / f"code-{run_id}", variant)
     times = {}
     for stage in STAGES:
@@ -157,7 +157,7 @@ def run_variant(variant: str, config, run_id: str, work: Path, archives: Path, t
                 f"  {run_id} {stage}: still running after {timeout:.0f} s (stop_spark {stop_s} s), killed", flush=True
             )
             break  # the next stages read what it did not finish
-        body = lake.read_json(lake.stats_uri(run, stage))["duration_s"]
+        body = lake.read_json(run_folder.stats_uri(run, stage))["duration_s"]
         times[stage] = {"wall_s": round(wall, 2), "body_s": body, "stop_s": stop_s}
         print(f"  {run_id} {stage}: {wall:.2f} s (body {body:.2f} s, stop_spark {stop_s} s)", flush=True)
     return times
