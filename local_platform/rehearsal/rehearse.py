@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import shutil
 import sys
 import tempfile
 from datetime import datetime, timezone
@@ -144,6 +145,7 @@ class Rehearsal:
             if self.s3 is not None:
                 self.s3.__exit__(None, None, None)
                 self.s3 = None
+            shutil.rmtree(self.folder, ignore_errors=True)
             self.held.__exit__(None, None, None)
 
 
