@@ -169,9 +169,17 @@ def print_cluster(rehearsal: Rehearsal) -> None:
             shown = f"{took:,.0f} s" if took is not None else "-"
             print(f"  step {step['Name']:<22} {step['Status']['State']:<10} {shown:>8}")
             if step["Status"]["State"] == "FAILED":
-                log = rehearsal.step_log(cluster, step["Id"]).strip().splitlines()
-                print(f"    {cluster['LogUri']}{cluster['Id']}/steps/{step['Id']}/stderr.gz ends:")
-                for line in log[-5:]:
+                # The stage's own "ERROR [stage] ..." line is in stdout.gz: spark-submit merges its
+                # Python driver's stderr into its stdout. Otherwise the end of stderr.gz (Spark, timeout).
+                errors = [
+                    line
+                    for line in rehearsal.step_log(cluster, step["Id"], "stdout").splitlines()
+                    if line.startswith("ERROR [")
+                ]
+                name = "stdout.gz" if errors else "stderr.gz"
+                lines = errors or rehearsal.step_log(cluster, step["Id"]).strip().splitlines()[-5:]
+                print(f"    {cluster['LogUri']}{cluster['Id']}/steps/{step['Id']}/{name}:")
+                for line in lines:
                     print(f"    | {line}")
         config = rehearsal.config
         hourly = emr.hourly_cost_usd(config)
