@@ -15,11 +15,12 @@ override CORPUS := $(value CORPUS)
 override SET := $(value SET)
 export CORPUS SET
 
-.PHONY: help run airflow test venv browser lock clean
+.PHONY: help run rehearse airflow test venv browser lock clean
 .DEFAULT_GOAL := help
 
 help:
 	@echo "make run      the whole pipeline (the Airflow DAG) on this machine; CORPUS='...' SET='section.key=value ...'"
+	@echo "make rehearse the DAG with target emr on this machine: moto's EMR and S3, a Spark standalone cluster (docs/rehearsal.md)"
 	@echo "make test     the test suite"
 	@echo "make airflow  Airflow with its UI on http://127.0.0.1:8080, to trigger and watch runs"
 	@echo "make clean    remove Airflow's home, build and test leftovers (lake/, the runs, stays)"
@@ -40,6 +41,10 @@ venv: $(BIN)/.installed
 # The whole DAG once with `airflow dags test`, S3 on a moto server that lives as long as the command.
 run: venv
 	$(BIN)/python -m local_platform.airflow_runner run --corpus "$$CORPUS" --set-from-env SET $(ARGS)
+
+# The DAG with target emr against moto's EMR and S3, its steps run on a Spark standalone cluster of loopback nodes.
+rehearse: venv
+	$(BIN)/python -m local_platform.rehearsal.rehearse --corpus "$$CORPUS" --overrides "$$SET" $(ARGS)
 
 # Airflow standalone (UI on http://127.0.0.1:8080) with the DAG and a moto S3 server; Ctrl-C stops it.
 airflow: venv

@@ -43,10 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from include import class_archive  # noqa: E402
 from include.local_spark import local_argv, spark_env  # noqa: E402
-from include.spark_submit import LIBRARY_ZIP, STAGES, package_code  # noqa: E402
+from include.spark_submit import LIBRARY_ZIP, package_code  # noqa: E402
 from spark_jobs.lib import lake, run_folder  # noqa: E402
 from spark_jobs.lib.config import SHARED_CORPUS  # noqa: E402
 from spark_jobs.lib.config_files import load_config  # noqa: E402
+from spark_jobs.lib.stages import STAGE_NAMES  # noqa: E402
 
 SMALL = [
     "tokenizer.vocab_size=512",
@@ -142,7 +143,7 @@ def run_variant(variant: str, config, run_id: str, work: Path, archives: Path, t
     run = run_folder.create_run(config, run_id)
     code = package(work / f"code-{run_id}", variant)
     times = {}
-    for stage in STAGES:
+    for stage in STAGE_NAMES:
         log = work / f"{run_id}-{stage}.log"
         if variant == "no_archive":
             wall = submit(stage, config, run, code, (), timeout, log)
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
                 kind: median([run.get(stage, {}).get(kind) for run in runs]) for kind in ("wall_s", "body_s", "stop_s")
             }
             | {"timeouts": sum(1 for run in runs if stage in run and run[stage]["wall_s"] is None)}
-            for stage in STAGES
+            for stage in STAGE_NAMES
         }
         for variant, runs in results.items()
     }
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         "recording run: first column"
     )
     print(f"{'stage':<18}{'recording':>12}" + "".join(f"{variant:>32}" for variant in variants))
-    for stage in STAGES:
+    for stage in STAGE_NAMES:
         cells = [
             f"{figures['wall_s']} ({figures['body_s']}, {figures['stop_s']})"
             + (f" {figures['timeouts']}x timeout" if figures["timeouts"] else "")
@@ -225,8 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     sums = {
         variant: median(
             [
-                sum(run[stage]["wall_s"] for stage in STAGES)
-                if all(run.get(stage, {}).get("wall_s") is not None for stage in STAGES)
+                sum(run[stage]["wall_s"] for stage in STAGE_NAMES)
+                if all(run.get(stage, {}).get("wall_s") is not None for stage in STAGE_NAMES)
                 else None
                 for run in runs
             ]

@@ -33,7 +33,7 @@ RUN_FILES = {
 MASTER = "yarn"
 # Client mode: the driver runs on the master node, so the core nodes are left whole for the
 # training executors, and the driver's output (the stage's "ERROR [stage] ..." line) is the
-# step's log in S3 (stderr.gz).
+# step's log in S3 (stdout.gz: spark-submit merges its Python driver's stderr into its stdout).
 DEPLOY_MODE = "client"
 STEP_KILL_AFTER_SECONDS = 60  # a step still there this long after its time limit's SIGTERM is killed
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")

@@ -156,7 +156,9 @@ class EmrStageSensor(EmrStepSensor):
         path, run = run_folder.error_path(self.stage), self.run_folder()
         if not run.has(path):
             self.log.error(
-                "%s left no %s in the run folder: its step log (stderr.gz) under emr.log_uri says why", self.stage, path
+                "%s left no %s in the run folder: its step log stdout.gz under emr.log_uri says why",
+                self.stage,
+                path,
             )
             return
         error = run.read_json(path)

@@ -95,8 +95,8 @@ def train_task(run: str) -> dict:
     log.setup("train")  # in the executor's Python worker: its lines as the driver's
     context = BarrierTaskContext.get()
     index = context.partitionId()
-    host = context.getTaskInfos()[index].address.rsplit(":", 1)[0]
-    addresses = context.allGather(f"{host}:{free_port()}")  # ordered by partition id
+    host = node_host(context, index)
+    addresses = context.allGather(f"{host}:{free_port(host)}")  # ordered by partition id
     tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
     workers_on_host = sum(address.rsplit(":", 1)[0] == host for address in addresses)
     threads = max(1, (os.cpu_count() or 1) // workers_on_host)
@@ -106,9 +106,18 @@ def train_task(run: str) -> dict:
     return result
 
 
-def free_port() -> int:
+def node_host(context, index: int) -> str:
+    """The address this task's node is reached at. Each task says its own (allGather spreads it):
+    SPARK_LOCAL_IP when the node's Spark has one, as the executors of a Spark standalone worker bound
+    to its own address inherit it (BarrierTaskInfo.address names the driver's side of the executor's
+    connection there, 127.0.0.1 for every node of the EMR rehearsal), else the address Spark knows the
+    task's executor by (YARN's node, or the local machine)."""
+    return os.environ.get("SPARK_LOCAL_IP") or context.getTaskInfos()[index].address.rsplit(":", 1)[0]
+
+
+def free_port(host: str = "") -> int:
     with socket.socket() as probe:
-        probe.bind(("", 0))
+        probe.bind((host, 0))
         return probe.getsockname()[1]
 
 

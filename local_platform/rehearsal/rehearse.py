@@ -1,0 +1,230 @@
+"""`make rehearse`: the `emr` target's DAG, unchanged, run on this machine before paying for EMR.
+
+    python -m local_platform.rehearsal.rehearse [--corpus C] [--overrides 'section.key=value ...']
+
+Airflow's `dags test` runs the DAG with target emr; its AWS connection points at a moto server
+in this process, whose S3 holds the corpus (uploaded from the local files), the lake, the code and
+the EMR logs, and whose EMR API is played by emr_runner on a Spark standalone cluster of loopback
+nodes. It ends with `make run`'s summary, the cluster's id, each step's state and seconds, and
+what the configured cluster would have cost on AWS for that long. docs/rehearsal.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import shutil
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import boto3
+import yaml
+from botocore.config import Config
+
+from include import emr
+from local_platform import airflow_runner
+from local_platform.moto_s3 import REGION, LocalS3
+from local_platform.rehearsal.emr_runner import EmrRehearsalRunner, split_s3
+from spark_jobs.lib import corpus_files, lake
+from spark_jobs.lib.config import ConfigError, PipelineConfig
+from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
+from spark_jobs.lib.errors import PipelineError
+from spark_jobs.lib.overrides import apply_overrides
+
+POKE_INTERVAL_S = 5  # the step sensors' poke interval on the rehearsal (EMR's default is a minute)
+CORPUS_PREFIX = "corpus"
+
+
+def rehearsal_settings(bucket: str, corpus: list[str]) -> dict:
+    """What the rehearsal changes in pipeline.yaml: target emr, with the lake, corpus, code and
+    logs on the moto server's bucket."""
+    return {
+        "target": "emr",
+        "corpus": corpus if len(corpus) > 1 else corpus[0],
+        "lake": f"s3://{bucket}/lake",
+        "emr": {
+            "log_uri": f"s3://{bucket}/emr-logs/",
+            "code_prefix": f"s3://{bucket}/code/",
+            "poke_interval_seconds": POKE_INTERVAL_S,
+        },
+    }
+
+
+def buckets(config: PipelineConfig) -> tuple[str, ...]:
+    uris = [config.lake, config.emr.log_uri, config.emr.code_prefix, *config.corpus]
+    return tuple(sorted({config.s3.bucket} | {split_s3(uri)[0] for uri in uris if uri.startswith("s3://")}))
+
+
+class Rehearsal:
+    """The moto server, the corpus on it, the rehearsal's defaults file and the EMR runner, for as
+    long as the context lasts; `run()` runs the DAG once. Holds Airflow's home."""
+
+    def __init__(self, corpus_files: list[str], overrides: list[str], home: Path | None = None):
+        self.corpus_files, self.overrides = corpus_files, overrides
+        self.home = home or airflow_runner.AIRFLOW_HOME
+        self.folder = Path(tempfile.mkdtemp(prefix="gpt-pipeline-rehearsal-"))
+        defaults = read_yaml(DEFAULT_CONFIG_PATH)
+        bucket = defaults["s3"]["bucket"]
+        names = [Path(lake.local_path(uri) if "://" in uri else uri).name for uri in corpus_files]
+        if len(set(names)) != len(names):
+            raise PipelineError(f"corpus: files of the same name ({', '.join(names)}) would overwrite each other on S3")
+        self.corpus_uris = [f"s3://{bucket}/{CORPUS_PREFIX}/{name}" for name in names]
+        self.defaults_path = self.folder / "pipeline-rehearsal.yaml"
+        self.defaults_path.write_text(
+            yaml.safe_dump(apply_overrides(defaults, rehearsal_settings(bucket, self.corpus_uris)), sort_keys=False)
+        )
+        self.dag_config = load_config(self.defaults_path)
+        self.config = load_config(self.defaults_path, overrides)  # a bad override stops here, before Airflow
+        self.s3: LocalS3 | None = None
+        self.runner: EmrRehearsalRunner | None = None
+        self.env: dict[str, str] = {}
+
+    def __enter__(self) -> Rehearsal:
+        self.held = airflow_runner.exclusive_home(self.home, "make rehearse")
+        self.held.__enter__()
+        try:
+            self.s3 = LocalS3(buckets=buckets(self.config)).__enter__()
+            for path, uri in zip(self.corpus_files, self.corpus_uris, strict=True):
+                bucket, key = split_s3(uri)
+                source = Path(lake.local_path(path) if "://" in path else path)
+                self.s3.client().put_object(Bucket=bucket, Key=key, Body=source.read_bytes())
+            connection = self.s3.connection_env()
+            step_env = {name: value for name, value in connection.items() if not name.startswith("AIRFLOW_")}
+            self.runner = EmrRehearsalRunner(self.s3.client, step_env, REGION).start()
+            self.env = airflow_runner.prepare(self.home, self.s3) | {"GPT_PIPELINE_CONFIG": str(self.defaults_path)}
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def run(self) -> bool:
+        return airflow_runner.dags_test(self.env, {"overrides": self.overrides})
+
+    def emr_client(self):
+        assert self.s3 is not None
+        return boto3.client(
+            "emr",
+            endpoint_url=self.s3.endpoint_url,
+            region_name=REGION,
+            aws_access_key_id=self.s3.access_key,
+            aws_secret_access_key=self.s3.secret_key,
+            config=Config(proxies={}),
+        )
+
+    def clusters(self) -> list[dict]:
+        """Every cluster the run created, described, after the runner has ended them."""
+        client = self.emr_client()
+        return [client.describe_cluster(ClusterId=item["Id"])["Cluster"] for item in client.list_clusters()["Clusters"]]
+
+    def steps(self, cluster_id: str) -> list[dict]:
+        return self.emr_client().list_steps(ClusterId=cluster_id)["Steps"][::-1]
+
+    def step_log(self, cluster: dict, step_id: str, name: str = "stderr") -> str:
+        bucket, prefix = split_s3(cluster["LogUri"])
+        key = f"{prefix}{cluster['Id']}/steps/{step_id}/{name}.gz"
+        body = self.s3.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        return gzip.decompress(body).decode("utf-8", errors="replace")
+
+    def end_clusters(self) -> None:
+        """Let the runner finish terminating the clusters (the DAG's teardown asked for it)."""
+        if self.runner is not None:
+            self.runner.stop()
+            self.runner = None
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.end_clusters()
+        finally:
+            if self.s3 is not None:
+                self.s3.__exit__(None, None, None)
+                self.s3 = None
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.held.__exit__(None, None, None)
+
+
+def seconds(step: dict) -> float | None:
+    timeline = step["Status"].get("Timeline", {})
+    start, end = timeline.get("StartDateTime"), timeline.get("EndDateTime")
+    return (end - start).total_seconds() if start and end else None
+
+
+def print_cluster(rehearsal: Rehearsal) -> None:
+    """The cluster's id and end, each step's state and seconds, and the configured cluster's price for that time."""
+    for cluster in rehearsal.clusters():
+        status = cluster["Status"]
+        timeline = status["Timeline"]
+        end = timeline.get("EndDateTime") or datetime.now(timezone.utc)
+        hours = (end - timeline["CreationDateTime"]).total_seconds() / 3600
+        reason = status.get("StateChangeReason", {}).get("Message") or ""
+        print(f"\nEMR cluster:      {cluster['Id']} ({cluster.get('ReleaseLabel')}), {status['State']}: {reason}")
+        for step in rehearsal.steps(cluster["Id"]):
+            took = seconds(step)
+            shown = f"{took:,.0f} s" if took is not None else "-"
+            print(f"  step {step['Name']:<22} {step['Status']['State']:<10} {shown:>8}")
+            if step["Status"]["State"] == "FAILED":
+                # The stage's own "ERROR [stage] ..." line is in stdout.gz: spark-submit merges its
+                # Python driver's stderr into its stdout. Otherwise the end of stderr.gz (Spark, timeout).
+                errors = [
+                    line
+                    for line in rehearsal.step_log(cluster, step["Id"], "stdout").splitlines()
+                    if line.startswith("ERROR [")
+                ]
+                name = "stdout.gz" if errors else "stderr.gz"
+                lines = errors or rehearsal.step_log(cluster, step["Id"]).strip().splitlines()[-5:]
+                print(f"    {cluster['LogUri']}{cluster['Id']}/steps/{step['Id']}/{name}:")
+                for line in lines:
+                    print(f"    | {line}")
+        config = rehearsal.config
+        hourly = emr.hourly_cost_usd(config)
+        print(
+            f"on AWS:           about ${hourly * hours:,.2f} for {hours * 60:,.1f} min at ${hourly:.2f}/hour on demand "
+            f"(1 {config.emr.master_instance_type} + {config.emr.core_instance_count} {config.emr.core_instance_type}; "
+            "EMR bills a minute at least, and this machine is slower than the cluster)"
+        )
+
+
+def rehearse(corpus_files: list[str], overrides: list[str]) -> int:
+    with Rehearsal(corpus_files, overrides) as rehearsal:
+        try:
+            succeeded = rehearsal.run()
+        except airflow_runner.Stopped:
+            print("\ninterrupted: the rehearsal stops here", file=sys.stderr)
+            airflow_runner.fail_unfinished_runs(rehearsal.home, rehearsal.env)
+            return 130
+        rehearsal.end_clusters()
+        if succeeded:
+            report = airflow_runner.read_report(rehearsal.s3, rehearsal.config)
+            airflow_runner.print_report(report, *airflow_runner.latest_pointer(rehearsal.s3, rehearsal.config))
+        print_cluster(rehearsal)
+        if not succeeded:
+            print(f"ERROR the {airflow_runner.DAG_ID} rehearsal failed; see the steps above", file=sys.stderr)
+            return 1
+    return 0
+
+
+def local_corpus(corpus: str | None) -> list[str]:
+    """The local corpus files to upload: --corpus, else pipeline.yaml's corpus."""
+    config = load_config(DEFAULT_CONFIG_PATH, [{"corpus": corpus}] if corpus else [])
+    if any(uri.startswith("s3://") for uri in config.corpus):
+        raise PipelineError("corpus: the rehearsal uploads a local corpus to its moto server; give local files")
+    return list(corpus_files.corpus_files(config))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", help="corpus path or glob on this machine (empty: the one in pipeline.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--overrides", dest="override_words", default="", metavar="'SECTION.KEY=VALUE ...'")
+    args = parser.parse_args(argv)
+    try:
+        overrides = airflow_runner.split_overrides(args.override_words) + args.overrides
+        return rehearse(local_corpus(args.corpus), overrides)
+    except (PipelineError, ConfigError) as error:
+        print(f"ERROR {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

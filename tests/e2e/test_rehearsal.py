@@ -1,0 +1,244 @@
+"""The EMR rehearsal end to end: the `target: emr` DAG, unchanged, against moto's EMR and S3 API,
+every step really run on a Spark standalone cluster whose two core nodes are 127.0.0.2 and
+127.0.0.3 (local_platform/rehearsal). One rehearsal on a slice of tinyshakespeare with a small
+training budget, in which one TensorFlow worker is killed once a training backup exists, is
+checked by the tests below, one claim each; another rehearsal fails on a corpus that is not
+UTF-8 text."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from include import emr
+from local_platform import airflow_runner
+from local_platform.rehearsal.emr_runner import split_s3
+from local_platform.rehearsal.rehearse import Rehearsal
+from spark_jobs.generate import load_model
+from spark_jobs.lib import run_folder
+from spark_jobs.lib.stages import STAGE_NAMES
+from spark_jobs.lib.train_state import BACKUP
+
+pytestmark = pytest.mark.slow
+
+SMALL = [
+    "tokenizer.vocab_size=512",
+    "data.block_size=32",
+    "data.stride=16",
+    "embedding.dim=32",
+    "embedding.word2vec.max_sentences=2000",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "train.batch_size=16",
+    "train.max_steps=300",
+    "train.warmup_steps=4",
+    "train.learning_rate=0.005",
+    "train.eval_interval=100",
+    "train.eval_batches=4",
+    "train.log_interval=50",
+    "train.checkpoint_interval=100",
+    "generate.max_new_tokens=20",
+]
+
+
+def objects(rehearsal: Rehearsal, uri: str) -> dict[str, bytes]:
+    """{key: body} of every object below an s3:// folder of the rehearsal's moto server."""
+    bucket, prefix = split_s3(uri)
+    client = rehearsal.s3.client()
+    keys = [
+        item["Key"]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix.rstrip("/") + "/")
+        for item in page.get("Contents", [])
+    ]
+    return {key: client.get_object(Bucket=bucket, Key=key)["Body"].read() for key in keys}
+
+
+def trainers() -> list[psutil.Process]:
+    """This test's TensorFlow workers (below the rehearsal's Spark workers, which are its children)."""
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "spark_jobs.lib.trainer" in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found
+
+
+class WorkerKiller(threading.Thread):
+    """Kills one TensorFlow worker once the train step has written a backup to the run folder."""
+
+    def __init__(self, rehearsal: Rehearsal):
+        super().__init__(daemon=True)
+        self.rehearsal, self.killed, self.stop = rehearsal, None, threading.Event()
+
+    def run(self) -> None:
+        client = self.rehearsal.s3.client()
+        bucket, prefix = split_s3(self.rehearsal.config.lake)
+        while not self.stop.is_set():
+            listing = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/runs/")
+            if any(item["Key"].endswith("/" + BACKUP) for item in listing.get("Contents", [])):
+                workers = trainers()
+                if workers:
+                    victim = max(workers, key=lambda process: process.pid)
+                    self.killed = {"pid": victim.pid, "host": victim.environ().get("SPARK_LOCAL_IP")}
+                    victim.kill()
+                    return
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def rehearsed(tmp_path_factory, shakespeare):
+    tmp = tmp_path_factory.mktemp("rehearsal")
+    text = shakespeare.read_text(encoding="utf-8")[:60_000]
+    corpus = tmp / "slice.txt"
+    corpus.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
+    started = time.monotonic()
+    with Rehearsal([str(corpus)], SMALL, home=tmp / "airflow") as rehearsal:
+        killer = WorkerKiller(rehearsal)
+        killer.start()
+        succeeded = rehearsal.run()
+        killer.stop.set()
+        rehearsal.end_clusters()
+        (cluster,) = rehearsal.clusters()
+        report = airflow_runner.read_report(rehearsal.s3, rehearsal.config) if succeeded else {}
+        run = report.get("run_folder", "")
+        found = {
+            "succeeded": succeeded,
+            "seconds": time.monotonic() - started,
+            "config": rehearsal.config,
+            "cluster": cluster,
+            "steps": rehearsal.steps(cluster["Id"]),
+            "report": report,
+            "pointer": airflow_runner.latest_pointer(rehearsal.s3, rehearsal.config)[1] if succeeded else {},
+            "run": objects(rehearsal, run) if run else {},
+            "run_prefix": split_s3(run)[1].rstrip("/") if run else "",
+            "killed": killer.killed,
+            "logs": {
+                step["Name"]: gzip.decompress(
+                    objects(rehearsal, f"{cluster['LogUri']}{cluster['Id']}/steps/{step['Id']}")[
+                        f"{split_s3(cluster['LogUri'])[1]}{cluster['Id']}/steps/{step['Id']}/stderr.gz"
+                    ]
+                ).decode()
+                for step in rehearsal.steps(cluster["Id"])
+            },
+        }
+    return found
+
+
+def run_file(rehearsed, path: str) -> bytes:
+    return rehearsed["run"][f"{rehearsed['run_prefix']}/{path}"]
+
+
+def stats(rehearsed, stage: str) -> dict:
+    return json.loads(run_file(rehearsed, f"stats/{stage}.json"))
+
+
+def test_the_emr_dag_succeeds_on_the_rehearsal(rehearsed):
+    assert rehearsed["succeeded"], rehearsed["logs"]
+
+
+def test_every_stage_ran_as_one_completed_step_on_the_cluster(rehearsed):
+    # the train step's killed worker failed a Spark attempt inside the step, not the step
+    assert [(step["Name"], step["Status"]["State"]) for step in rehearsed["steps"]] == [
+        (stage, "COMPLETED") for stage in STAGE_NAMES
+    ]
+
+
+def test_the_steps_ran_the_dags_arguments_against_the_rehearsal_master(rehearsed):
+    config = rehearsed["config"]
+    run_id = rehearsed["cluster"]["Name"].removeprefix("gpt-pipeline-")
+    for step in rehearsed["steps"]:
+        assert (
+            step["Config"]["Args"]
+            == emr.stage_step(step["Name"].split(" (try ")[0], config, run_id)["HadoopJarStep"]["Args"]
+        )
+        assert "rehearsal: --master yarn -> spark://127.0.0.1:" in rehearsed["logs"][step["Name"]]
+
+
+def test_the_cluster_ends_terminated(rehearsed):
+    assert rehearsed["cluster"]["Status"]["State"] == "TERMINATED"
+
+
+def test_the_preprocessing_stats_come_from_the_real_stages(rehearsed):
+    assert stats(rehearsed, "tokenize")["splits"]["train"]["tokens"] > 10_000
+    assert stats(rehearsed, "window")["splits"]["train"]["windows"] > 100
+
+
+def test_training_wrote_one_epochs_row_per_validation_pass(rehearsed):
+    rows = list(csv.DictReader(run_file(rehearsed, "stats/epochs.csv").decode().splitlines()))
+    assert [int(row["step"]) for row in rows] == [100, 200, 300]
+    assert all(np.isfinite(float(row["val_loss"])) for row in rows)
+
+
+def test_the_tensorflow_workers_ran_on_two_distinct_node_addresses(rehearsed):
+    results = stats(rehearsed, "train")["worker_results"]
+    assert sorted(result["host"] for result in results) == ["127.0.0.2", "127.0.0.3"]
+
+
+def test_a_killed_worker_is_resumed_from_the_last_backup_within_the_step(rehearsed):
+    assert rehearsed["killed"] is not None and rehearsed["killed"]["host"] in ("127.0.0.2", "127.0.0.3")
+    train = stats(rehearsed, "train")
+    assert train["resumed_from_step"] in (100, 200)
+    assert train["steps_this_attempt"] == 300 - train["resumed_from_step"]
+
+
+def test_the_model_loads_and_predicts(rehearsed, tmp_path):
+    prefix = f"{rehearsed['run_prefix']}/model/"
+    for key, body in rehearsed["run"].items():
+        if key.startswith(prefix) and not key.endswith("/"):
+            path = tmp_path / key.removeprefix(prefix)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(body)
+    model, tokenizer = load_model(str(tmp_path))
+    ids = tokenizer.encode("ROMEO:").ids
+    logits = np.asarray(model(np.array([ids])))
+    assert logits.shape[:2] == (1, len(ids)) and np.isfinite(logits).all()
+
+
+def test_the_sample_is_not_empty(rehearsed):
+    assert run_file(rehearsed, "samples.txt").decode().strip()
+    assert rehearsed["report"]["sample"].strip()
+
+
+def test_the_record_and_the_latest_pointer_are_on_s3(rehearsed):
+    report = rehearsed["report"]
+    assert report["s3_uri"].startswith(f"s3://{rehearsed['config'].s3.bucket}/")
+    assert rehearsed["pointer"]["model"] == report["s3_uri"] + "model/"
+    assert report["emr"]["cluster_id"] == rehearsed["cluster"]["Id"]
+
+
+def test_a_corpus_that_is_not_utf8_fails_the_run_with_the_stages_message_and_the_cluster_ends(
+    tmp_path, shakespeare, capfd
+):
+    good = tmp_path / "slice.txt"
+    good.write_text(shakespeare.read_text(encoding="utf-8")[:30_000], encoding="utf-8")
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("Ce garçon est très âgé\n".encode("latin-1") * 200)
+    with Rehearsal([str(good), str(bad)], SMALL, home=tmp_path / "airflow") as rehearsal:
+        succeeded = rehearsal.run()
+        rehearsal.end_clusters()
+        (cluster,) = rehearsal.clusters()
+        steps = rehearsal.steps(cluster["Id"])
+        # spark-submit's Python driver writes to the step's stdout, its stderr merged (Spark's PythonRunner)
+        log = rehearsal.step_log(cluster, steps[0]["Id"], "stdout")
+        errors = [
+            body
+            for key, body in objects(rehearsal, f"{rehearsal.config.lake}/runs").items()
+            if key.endswith("/" + run_folder.error_path("tokenize"))
+        ]
+    output = "".join(capfd.readouterr())
+    assert not succeeded
+    assert [(step["Name"], step["Status"]["State"]) for step in steps] == [("tokenize", "FAILED")]
+    assert cluster["Status"]["State"] == "TERMINATED"
+    (error,) = [json.loads(body)["error"] for body in errors]
+    assert "latin1.txt" in error and "UTF-8" in error
+    assert f"ERROR [tokenize] {error}" in log  # the step's stdout.gz
+    assert f"AirflowFailException: tokenize: {error}" in output  # what the DAG's task says

@@ -1,0 +1,41 @@
+"""`make rehearse`'s config: pipeline.yaml with target emr and everything on the moto server's
+bucket, which the emr target's own checks accept (no Airflow, no Spark here)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from include import emr
+from local_platform.rehearsal.rehearse import Rehearsal, main
+from spark_jobs.lib import memory, storage
+
+
+@pytest.fixture
+def rehearsal(shakespeare_slice, tmp_path):
+    made = Rehearsal([str(shakespeare_slice)], ["train.max_steps=100"], home=tmp_path / "airflow")
+    yield made
+    shutil.rmtree(made.folder, ignore_errors=True)
+
+
+def test_the_rehearsal_runs_the_emr_target_with_its_corpus_lake_code_and_logs_on_the_moto_bucket(rehearsal):
+    config, bucket = rehearsal.config, rehearsal.config.s3.bucket
+    assert config.target == "emr"
+    assert config.corpus == [f"s3://{bucket}/corpus/slice.txt"]
+    assert config.lake == f"s3://{bucket}/lake"
+    assert config.emr.log_uri.startswith(f"s3://{bucket}/") and config.emr.code_prefix.startswith(f"s3://{bucket}/")
+    assert config.train.max_steps == 100 and rehearsal.dag_config.train.max_steps != 100  # SET is the run's
+
+
+def test_the_emr_targets_checks_accept_the_rehearsals_config(rehearsal):
+    config = rehearsal.config
+    emr.check_sensor_limits(config, rehearsal.dag_config)
+    emr.check_budget(config, rehearsal.dag_config)
+    memory.check_training_fits(config, emr.train_executor_memory_mb(config)[1], "a core node")
+    storage.check_core_node_room(config, {config.corpus[0]: 60_000})
+
+
+def test_a_corpus_on_s3_is_refused_with_a_clear_message(capsys):
+    assert main(["--corpus", "s3://somewhere/books/"]) == 2
+    assert "the rehearsal uploads a local corpus" in capsys.readouterr().err
