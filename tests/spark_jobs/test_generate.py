@@ -223,7 +223,7 @@ def test_samples_of_a_batch_end_apart(model_dir, monkeypatch):
 
 def test_the_stage_records_how_long_generation_took(model_dir, tmp_path, monkeypatch):
     shutil.copytree(model_dir, tmp_path / "run" / run_folder.MODEL_FOLDER)
-    monkeypatch.setattr(lake, "require_stage", lambda *_: {})  # as if the train stage had completed
+    monkeypatch.setattr(run_folder, "require_stage", lambda *_: {})  # as if the train stage had completed
     config = load_config(overrides={"generate": {"prompt": "ROMEO:", "max_new_tokens": 6, "num_samples": 2}})
     stats = generate_module.generate_stage(None, config, (tmp_path / "run").as_uri())
     written = (tmp_path / "run" / run_folder.SAMPLES_PATH).read_text()
