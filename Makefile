@@ -44,7 +44,7 @@ run: venv
 
 # The DAG with target emr against moto's EMR and S3, its steps run on a Spark standalone cluster of loopback nodes.
 rehearse: venv
-	$(BIN)/python -m local_platform.rehearsal.rehearse --corpus "$$CORPUS" --overrides "$$SET" $(ARGS)
+	$(BIN)/python -m local_platform.rehearsal.rehearse --corpus "$$CORPUS" --set-from-env SET $(ARGS)
 
 # Airflow standalone (UI on http://127.0.0.1:8080) with the DAG and a moto S3 server; Ctrl-C stops it.
 airflow: venv

@@ -340,13 +340,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("run", "ui"))
     parser.add_argument("--corpus", help="run: corpus path, glob or URI (empty: the one in pipeline.yaml)")
-    add_set_argument(parser, help_prefix="run: ")
-    parser.add_argument(  # make run's way in: SET reaches the command through the environment, as typed
+    add_settings_arguments(parser, help_prefix="run: ")
+    return parser.parse_args(argv)
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, help_prefix: str = "") -> None:
+    """--set, repeatable, and make's way in: SET reaches the command through the environment, as
+    typed, named by --set-from-env (see settings)."""
+    add_set_argument(parser, help_prefix=help_prefix)
+    parser.add_argument(
         "--set-from-env",
         metavar="NAME",
         help=argparse.SUPPRESS,  # the settings in variable NAME, split as a shell would, each one --set
     )
-    return parser.parse_args(argv)
+
+
+def settings(args: argparse.Namespace) -> list[str]:
+    """The settings of --set-from-env's variable, then those of each --set."""
+    from_env = args.set_from_env
+    return (split_overrides(os.environ.get(from_env, ""), from_env) if from_env else []) + args.overrides
 
 
 def split_overrides(words: str, name: str = "SET") -> list[str]:
@@ -398,8 +410,7 @@ def warn_unusable_corpus(config: PipelineConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        from_env = args.set_from_env
-        overrides = (split_overrides(os.environ.get(from_env, ""), from_env) if from_env else []) + args.overrides
+        overrides = settings(args)
         conf: dict = {"overrides": overrides}
         if args.corpus:
             conf["corpus"] = args.corpus

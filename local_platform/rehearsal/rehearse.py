@@ -1,6 +1,6 @@
 """`make rehearse`: the `emr` target's DAG, unchanged, run on this machine before paying for EMR.
 
-    python -m local_platform.rehearsal.rehearse [--corpus C] [--overrides 'section.key=value ...']
+    python -m local_platform.rehearsal.rehearse [--corpus C] [--set section.key=value ...]
 
 Airflow's `dags test` runs the DAG with target emr; its AWS connection points at a moto server
 in this process, whose S3 holds the corpus (uploaded from the local files), the lake, the code and
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import os
 import shutil
 import sys
 import tempfile
@@ -23,7 +24,7 @@ import boto3
 import yaml
 from botocore.config import Config
 
-from include import emr
+from include import emr, loopback_only
 from local_platform import airflow_runner
 from local_platform.moto_s3 import REGION, LocalS3
 from local_platform.rehearsal.emr_runner import EmrRehearsalRunner, split_s3
@@ -212,15 +213,36 @@ def local_corpus(corpus: str | None) -> list[str]:
     return list(corpus_files.corpus_files(config))
 
 
+def contain_or_accept_exposure(overrides: list[str], argv: list[str]) -> None:
+    """Start this command again in a private network namespace that holds only loopback: the
+    rehearsal cluster's TensorFlow workers listen on every interface and authenticate no one, and
+    nothing here needs the network (docs/network.md). Where no such namespace can be made, go on
+    only if the run accepts the exposure (local.allow_exposed_workers=true), as a local run does."""
+    reason = loopback_only.unavailable_reason()
+    if reason is None:
+        command = loopback_only.contained([sys.executable, "-m", "local_platform.rehearsal.rehearse", *argv])
+        os.execv(command[0], command)
+    if not load_config(
+        overrides=[setting for setting in overrides if setting.startswith("local.")]
+    ).local.allow_exposed_workers:
+        raise PipelineError(
+            f"this machine cannot keep the rehearsal's TensorFlow workers off the network ({reason}): run where "
+            "private network namespaces are allowed (docs/network.md), or accept the exposure for one run with "
+            "SET='local.allow_exposed_workers=true'"
+        )
+    print(f"WARNING the rehearsal's TensorFlow workers listen on every interface ({reason})", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", help="corpus path or glob on this machine (empty: the one in pipeline.yaml)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--overrides", dest="override_words", default="", metavar="'SECTION.KEY=VALUE ...'")
+    airflow_runner.add_settings_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        overrides = airflow_runner.split_overrides(args.override_words) + args.overrides
-        return rehearse(local_corpus(args.corpus), overrides)
+        overrides, corpus = airflow_runner.settings(args), local_corpus(args.corpus)
+        if loopback_only.interfaces() != [loopback_only.LOOPBACK_INTERFACE]:
+            contain_or_accept_exposure(overrides, sys.argv[1:] if argv is None else argv)
+        return rehearse(corpus, overrides)
     except (PipelineError, ConfigError) as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2

@@ -4,12 +4,15 @@ bucket, which the emr target's own checks accept (no Airflow, no Spark here)."""
 from __future__ import annotations
 
 import shutil
+import sys
 
 import pytest
 
-from include import emr
+from include import emr, loopback_only
+from local_platform.rehearsal import rehearse
 from local_platform.rehearsal.rehearse import Rehearsal, main
 from spark_jobs.lib import memory, storage
+from spark_jobs.lib.errors import PipelineError
 
 
 @pytest.fixture
@@ -39,3 +42,21 @@ def test_the_emr_targets_checks_accept_the_rehearsals_config(rehearsal):
 def test_a_corpus_on_s3_is_refused_with_a_clear_message(capsys):
     assert main(["--corpus", "s3://somewhere/books/"]) == 2
     assert "the rehearsal uploads a local corpus" in capsys.readouterr().err
+
+
+def test_the_rehearsal_starts_again_in_a_private_network_namespace(monkeypatch):
+    monkeypatch.setattr(loopback_only, "unavailable_reason", lambda: None)
+    started = []
+    monkeypatch.setattr(rehearse.os, "execv", lambda path, argv: started.append(argv))
+    rehearse.contain_or_accept_exposure([], ["--corpus", "a.txt"])
+    assert started == [
+        loopback_only.contained([sys.executable, "-m", "local_platform.rehearsal.rehearse", "--corpus", "a.txt"])
+    ]
+
+
+def test_without_namespaces_the_rehearsal_stops_unless_the_run_accepts_the_exposure(monkeypatch, capsys):
+    monkeypatch.setattr(loopback_only, "unavailable_reason", lambda: "no user namespaces here")
+    with pytest.raises(PipelineError, match=r"\(no user namespaces here\).*local.allow_exposed_workers=true"):
+        rehearse.contain_or_accept_exposure(["train.max_steps=5"], [])
+    rehearse.contain_or_accept_exposure(["local.allow_exposed_workers=true"], [])
+    assert "TensorFlow workers listen on every interface" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from tokenizers import ByteLevelBPETokenizer
 from local_platform.moto_s3 import LocalS3
 from spark_jobs import generate as generate_module
 from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, next_token, sample_texts, samples
-from spark_jobs.lib import bpe, lake, run_folder, sampling
+from spark_jobs.lib import bpe, run_folder, sampling
 from spark_jobs.lib.config import REPO_ROOT, GenerateConfig
 from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
 from spark_jobs.lib.errors import PipelineError
