@@ -221,10 +221,10 @@ def contain_or_accept_exposure(overrides: list[str], argv: list[str]) -> None:
     reason = loopback_only.unavailable_reason()
     if reason is None:
         command = loopback_only.contained([sys.executable, "-m", "local_platform.rehearsal.rehearse", *argv])
-        os.execv(command[0], command)
-    if not load_config(
-        overrides=[setting for setting in overrides if setting.startswith("local.")]
-    ).local.allow_exposed_workers:
+        os.execv(command[0], command)  # does not return
+        return
+    accepted = load_config(overrides=[setting for setting in overrides if setting.startswith("local.")])
+    if not accepted.local.allow_exposed_workers:
         raise PipelineError(
             f"this machine cannot keep the rehearsal's TensorFlow workers off the network ({reason}): run where "
             "private network namespaces are allowed (docs/network.md), or accept the exposure for one run with "
