@@ -36,7 +36,7 @@ import tensorflow as tf  # noqa: E402
 from spark_jobs.generate import load_model, next_token  # noqa: E402
 from spark_jobs.lib import bpe, run_folder, sampling  # noqa: E402
 from spark_jobs.lib.config_files import load_config  # noqa: E402
-from spark_jobs.lib.model import build_decoder  # noqa: E402
+from spark_jobs.lib.model import decoder_for  # noqa: E402
 
 IMPORTED = time.perf_counter()
 NANOGPT_CHARS_PER_S = 1 / 1.5e-3
@@ -51,15 +51,7 @@ def default_model_folder(folder: Path, config) -> Path:
     tokenizer.train_from_iterator(
         [text], vocab_size=config.tokenizer.vocab_size, special_tokens=list(bpe.SPECIAL_TOKENS)
     )
-    model = build_decoder(
-        vocab_size=config.tokenizer.vocab_size,
-        block_size=config.data.block_size,
-        dim=config.embedding.dim,
-        n_layer=config.model.n_layer,
-        n_head=config.model.n_head,
-        mlp_ratio=config.model.mlp_ratio,
-        dropout=0.0,
-    )
+    model = decoder_for(config, dropout=0.0)
     model.save(folder / run_folder.MODEL_FILE)
     (folder / run_folder.MODEL_TOKENIZER_FILE).write_text(tokenizer._tokenizer.to_str())
     return folder

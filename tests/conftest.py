@@ -59,16 +59,19 @@ def shakespeare_slice(tmp_path, shakespeare) -> Path:
     return write_slice(tmp_path, shakespeare)
 
 
+# Small sizes for the data and embedding stages: runs of the stages on a slice take seconds.
+SMALL_DATA = [
+    "tokenizer.vocab_size=512",
+    "data.block_size=32",
+    "data.stride=16",
+    "embedding.dim=32",
+    "embedding.word2vec.max_sentences=2000",
+]
+
+
 def small_config(tmp_path: Path, corpus: Path | str, overrides: list | None = None) -> PipelineConfig:
     """The default config on a small corpus, with the lake under tmp_path and small sizes."""
-    base = [
-        {"corpus": str(corpus), "lake": str(tmp_path / "lake")},
-        "tokenizer.vocab_size=512",
-        "data.block_size=32",
-        "data.stride=16",
-        "embedding.dim=32",
-        "embedding.word2vec.max_sentences=2000",
-    ]
+    base = [{"corpus": str(corpus), "lake": str(tmp_path / "lake")}, *SMALL_DATA]
     return load_config(overrides=base + (overrides or []))
 
 

@@ -109,6 +109,20 @@ def build_decoder(
     return keras.Model(ids, logits, name="gpt_decoder")
 
 
+def decoder_for(config, vocab_size: int | None = None, block_size: int | None = None, dropout: float | None = None):
+    """build_decoder in the shape a PipelineConfig gives; the vocabulary, block size and dropout
+    are the config's unless given (the train stage takes the first two from export's manifest)."""
+    return build_decoder(
+        vocab_size=config.tokenizer.vocab_size if vocab_size is None else vocab_size,
+        block_size=config.data.block_size if block_size is None else block_size,
+        dim=config.embedding.dim,
+        n_layer=config.model.n_layer,
+        n_head=config.model.n_head,
+        mlp_ratio=config.model.mlp_ratio,
+        dropout=config.model.dropout if dropout is None else dropout,
+    )
+
+
 def initialise_embedding(model: keras.Model, token_vectors: np.ndarray | None, positions: np.ndarray) -> None:
     """Start the embedding from the pipeline's tables: the Word2Vec token vectors (rescaled to the
     model's initial scale, so they do not swamp the positions) and the sinusoidal position table."""

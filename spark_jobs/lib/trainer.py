@@ -95,7 +95,7 @@ class Worker:
     def __init__(self, config: PipelineConfig, run: str, strategy, local_dir: Path):
         import tensorflow as tf
 
-        from spark_jobs.lib.model import build_decoder, initialise_embedding
+        from spark_jobs.lib.model import decoder_for, initialise_embedding
 
         self.tf, self.config, self.run, self.strategy = tf, config, run, strategy
         resolver = strategy.cluster_resolver
@@ -112,15 +112,7 @@ class Worker:
             for split in SPLITS
         }
         with strategy.scope():
-            self.model = build_decoder(
-                vocab_size=self.manifest["vocab_size"],
-                block_size=self.block_size,
-                dim=config.embedding.dim,
-                n_layer=config.model.n_layer,
-                n_head=config.model.n_head,
-                mlp_ratio=config.model.mlp_ratio,
-                dropout=config.model.dropout,
-            )
+            self.model = decoder_for(config, vocab_size=self.manifest["vocab_size"], block_size=self.block_size)
             initialise_embedding(self.model, *embedding_tables(config, run))
             self.optimizer, self.schedule = build_optimizer(config)
             self.optimizer.build(self.model.trainable_variables)

@@ -22,15 +22,11 @@ from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.stages import STAGE_NAMES
-from tests.conftest import write_slice
+from tests.conftest import SMALL_DATA, write_slice
 
 BUCKET = load_config().s3.bucket
 SMALL_RUN = [
-    "tokenizer.vocab_size=512",
-    "data.block_size=32",
-    "data.stride=16",
-    "embedding.dim=32",
-    "embedding.word2vec.max_sentences=2000",
+    *SMALL_DATA,
     "model.n_layer=2",
     "train.batch_size=16",
     "train.max_steps=40",

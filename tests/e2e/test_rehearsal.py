@@ -23,17 +23,14 @@ from local_platform.rehearsal.emr_runner import split_s3
 from local_platform.rehearsal.rehearse import Rehearsal
 from spark_jobs.generate import load_model
 from spark_jobs.lib import run_folder
+from spark_jobs.lib.run_folder import BACKUP_PATH
 from spark_jobs.lib.stages import STAGE_NAMES
-from spark_jobs.lib.train_state import BACKUP
+from tests.conftest import SMALL_DATA
 
 pytestmark = pytest.mark.slow
 
 SMALL = [
-    "tokenizer.vocab_size=512",
-    "data.block_size=32",
-    "data.stride=16",
-    "embedding.dim=32",
-    "embedding.word2vec.max_sentences=2000",
+    *SMALL_DATA,
     "model.n_layer=1",
     "model.n_head=2",
     "train.batch_size=16",
@@ -84,7 +81,7 @@ class WorkerKiller(threading.Thread):
         bucket, prefix = split_s3(self.rehearsal.config.lake)
         while not self.stop.is_set():
             listing = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/runs/")
-            if any(item["Key"].endswith("/" + BACKUP) for item in listing.get("Contents", [])):
+            if any(item["Key"].endswith("/" + BACKUP_PATH) for item in listing.get("Contents", [])):
                 workers = trainers()
                 if workers:
                     victim = max(workers, key=lambda process: process.pid)

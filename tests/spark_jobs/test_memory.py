@@ -24,19 +24,10 @@ EMR = {"target": "emr", "lake": "s3://gpt-pipeline/lake", "corpus": "s3://gpt-pi
     ],
 )
 def test_the_parameter_count_is_the_models(overrides):
-    from spark_jobs.lib.model import build_decoder
+    from spark_jobs.lib.model import decoder_for
 
     config = load_config(overrides=overrides)
-    model = build_decoder(
-        vocab_size=config.tokenizer.vocab_size,
-        block_size=config.data.block_size,
-        dim=config.embedding.dim,
-        n_layer=config.model.n_layer,
-        n_head=config.model.n_head,
-        mlp_ratio=config.model.mlp_ratio,
-        dropout=0.0,
-    )
-    assert memory.parameters(config) == model.count_params()
+    assert memory.parameters(config) == decoder_for(config).count_params()
 
 
 def test_the_estimate_grows_with_the_square_of_the_block_size_in_attention_only():
