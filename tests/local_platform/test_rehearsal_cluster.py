@@ -25,7 +25,7 @@ BARRIER_JOB = textwrap.dedent(
         return [(context.partitionId(), context.allGather(os.environ["SPARK_LOCAL_IP"]), os.getpid())]
 
     for partition, hosts, pid in spark.sparkContext.parallelize(range(2), 2).barrier().mapPartitions(task).collect():
-        print("TASK", partition, ",".join(hosts), pid)
+        print("TASK", partition, ",".join(sorted(hosts)), pid)
     spark.stop()
     """
 )
