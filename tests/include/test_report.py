@@ -5,8 +5,9 @@ from __future__ import annotations
 from include.report import report_text
 
 
-def test_the_report_of_a_resumed_training_says_its_speed_and_time_are_the_last_attempts():
-    report = {
+def small_report(**fields) -> dict:
+    """A collected run's report.json with nothing in it but `fields`."""
+    return {
         "run": "r",
         "final_val_loss": 2.5,
         "val_nats_per_char": 0.9,
@@ -21,39 +22,26 @@ def test_the_report_of_a_resumed_training_says_its_speed_and_time_are_the_last_a
         "evaluations": [],
         "sample": "",
         "model": {"n_layer": 4, "n_head": 4, "dim": 128, "block_size": 128},
-        "train": {
-            "steps": 300,
-            "workers": 2,
-            "tokens_per_s": 5123.4,
-            "train_wall_s": 8.2,
-            "resumed_from_step": 280,
-            "steps_this_attempt": 20,
-        },
+        "train": {},
+    } | fields
+
+
+def test_the_report_of_a_resumed_training_says_its_speed_and_time_are_the_last_attempts():
+    train = {
+        "steps": 300,
+        "workers": 2,
+        "tokens_per_s": 5123.4,
+        "train_wall_s": 8.2,
+        "resumed_from_step": 280,
+        "steps_this_attempt": 20,
     }
     assert (
         "- training: 300 steps on 2 workers, 5,123 tokens/s, 8 s (resumed from step 280: the speed and time are "
-        "of the last 20 steps)\n" in report_text(report)
+        "of the last 20 steps)\n" in report_text(small_report(train=train))
     )
 
 
 def test_the_report_counts_the_files_read_apart_from_those_skipped():
-    report = {
-        "run": "r",
-        "final_val_loss": 2.5,
-        "val_nats_per_char": 0.9,
-        "s3_uri": "s3://b/runs/r/",
-        "run_folder": "f",
-        "corpus": ["file:///books/**/*.txt"],
-        "files": 37,
-        "skipped_files": 1,
-        "vocab_size": 300,
-        "splits": {},
-        "stage_seconds": {},
-        "warnings": [],
-        "evaluations": [],
-        "sample": "",
-        "model": {"n_layer": 4, "n_head": 4, "dim": 128, "block_size": 128},
-        "train": {},
-    }
+    report = small_report(corpus=["file:///books/**/*.txt"], files=37, skipped_files=1)
     assert "- corpus: file:///books/**/*.txt (36 files read, 1 skipped): " in report_text(report)
     assert "- corpus: file:///books/**/*.txt (37 files): " in report_text(report | {"skipped_files": 0})
