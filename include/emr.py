@@ -20,7 +20,7 @@ from spark_jobs.lib import corpus_files, lake, memory, run_folder
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
 from spark_jobs.lib.config_files import defaults_path
 from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.stages import STAGE_NAMES
+from spark_jobs.lib.stages import PREPROCESSING_STAGES, STAGE_NAMES
 
 CONFIG_DIR = REPO_ROOT / "include" / "config"
 TEMPLATE_PATH = CONFIG_DIR / "emr_cluster.yaml"
@@ -50,13 +50,30 @@ def code_uri(config: PipelineConfig, run_id: str) -> str:
 def instance_type(config: PipelineConfig, field: str, template: dict | None = None) -> dict:
     """vCPUs, YARN memory and prices of emr.{field}, from the template's instance table."""
     name = getattr(config.emr, field)
-    table = (template or read_template())["instance_types"]
+    template = template or read_template()
+    table = template["instance_types"]
     if name not in table:
+        needed = (
+            "to size the executors and price the cluster" if field == "core_instance_type" else "to price the cluster"
+        )
+        prices = template["prices"]
         raise ConfigError(
-            f"emr.{field}: {name!r} is not in the instance_types table of {TEMPLATE_PATH.name} "
-            f"(known: {', '.join(table)}); add its vCPUs, YARN memory and prices there"
+            f"emr.{field}: {name!r} is not in the instance_types table of {TEMPLATE_PATH.relative_to(REPO_ROOT)} "
+            f"(known: {', '.join(table)}), which is needed {needed}: add it there with its vcpus, yarn_memory_mb "
+            f"(EMR's yarn.nodemanager.resource.memory-mb for the type), ec2_usd_per_hour and emr_usd_per_hour "
+            f"(on demand in {prices['region']}, as the table's prices.region and prices.as_of say)"
         )
     return table[name]
+
+
+def price_basis(config: PipelineConfig) -> str:
+    """What the cost figures are: 'on-demand prices of us-east-1 as of 2026-11-22', and an upper
+    bound with spot core nodes (emr.core_spot), whose price varies below the on-demand one."""
+    prices = read_template()["prices"]
+    basis = f"on-demand prices of {prices['region']} as of {prices['as_of']}"
+    if config.emr.core_spot:
+        basis += ", an upper bound with spot core nodes"
+    return basis
 
 
 def fill(node: Any, values: dict[str, Any]) -> Any:
@@ -112,19 +129,47 @@ STEP_RETRIES = 1
 APPLICATION_MASTER_MB = 2048
 
 
+# On a barrier stage whose tasks do not all fit in the cluster's task slots, Spark checks again every
+# interval, and fails the job after this many checks (its defaults, 15 s x 40, wait 10 minutes).
+BARRIER_SLOTS_CHECK = {
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "5s",
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "12",
+}
+# EMR's own setting (on by default in its Spark): off, its executors have the sizes set below
+# rather than ones EMR works out for each node's instance type.
+FIXED_EXECUTOR_SIZES = {"spark.yarn.heterogeneousExecutors.enabled": "false"}
+
+
 def train_resources(config: PipelineConfig) -> dict[str, str]:
     """One executor per core node owning all its vCPUs, and one task per executor, so the barrier
-    stage gets exactly one TensorFlow worker per node. TensorFlow runs in the Python worker,
-    outside the JVM heap, so most of the container's memory is overhead."""
-    node = instance_type(config, "core_instance_type")
+    stage gets exactly one TensorFlow worker per node, or fails within about a minute when the
+    cluster cannot place them all. TensorFlow runs in the Python worker, outside the JVM heap, so
+    most of the container's memory is overhead."""
+    _, overhead_mb = train_executor_memory_mb(config)
+    return {
+        **whole_node_executors(config),
+        "spark.executor.instances": str(config.train.num_workers),
+        "spark.task.cpus": str(instance_type(config, "core_instance_type")["vcpus"]),
+        f"spark.executorEnv.{memory.WORKER_BUDGET_ENV}": str(overhead_mb),
+        **BARRIER_SLOTS_CHECK,
+    }
+
+
+def preprocess_resources(config: PipelineConfig) -> dict[str, str]:
+    """The preprocessing stages' executors: a whole core node each, as for training, so that the
+    overhead holds the node's Python workers (one per vCPU, each reading whole Parquet parts)
+    instead of YARN's default of a tenth of the heap, past which YARN kills the container."""
+    return {**whole_node_executors(config), **cluster_parallelism(config)}
+
+
+def whole_node_executors(config: PipelineConfig) -> dict[str, str]:
+    """An executor's size when it owns a core node: all its vCPUs and the memory YARN offers."""
     heap_mb, overhead_mb = train_executor_memory_mb(config)
     return {
-        "spark.executor.instances": str(config.train.num_workers),
-        "spark.executor.cores": str(node["vcpus"]),
-        "spark.task.cpus": str(node["vcpus"]),
+        "spark.executor.cores": str(instance_type(config, "core_instance_type")["vcpus"]),
         "spark.executor.memory": f"{heap_mb}m",
         "spark.executor.memoryOverhead": f"{overhead_mb}m",
-        f"spark.executorEnv.{memory.WORKER_BUDGET_ENV}": str(overhead_mb),
+        **FIXED_EXECUTOR_SIZES,
     }
 
 
@@ -137,10 +182,20 @@ def cluster_parallelism(config: PipelineConfig) -> dict[str, str]:
 
 
 def train_executor_memory_mb(config: PipelineConfig) -> tuple[int, int]:
-    """(JVM heap, overhead) of a train executor; the overhead is what its TensorFlow worker has."""
+    """(JVM heap, overhead) of an executor owning a core node, for training as for preprocessing;
+    the overhead is what its Python workers have (the TensorFlow worker, or one per vCPU)."""
     container_mb = instance_type(config, "core_instance_type")["yarn_memory_mb"] - APPLICATION_MASTER_MB
     heap_mb = container_mb // 4
     return heap_mb, container_mb - heap_mb
+
+
+def step_resources(stage: str, config: PipelineConfig) -> dict[str, str]:
+    """The executor settings of a stage's step, besides its own (include/spark_submit.stage_conf)."""
+    if stage == "train":
+        return train_resources(config)
+    if stage in PREPROCESSING_STAGES:
+        return preprocess_resources(config)
+    return cluster_parallelism(config)
 
 
 def stage_step(stage: str, config: PipelineConfig, run_id: str) -> dict:
@@ -152,7 +207,7 @@ def stage_step(stage: str, config: PipelineConfig, run_id: str) -> dict:
         run_dir=run_folder.run_dir(config, run_id),
         master=MASTER,
         deploy_mode=DEPLOY_MODE,
-        resources=train_resources(config) if stage == "train" else cluster_parallelism(config),
+        resources=step_resources(stage, config),
     )
     # The step ends itself at its task's time limit, so the cluster's cost stays bounded when Airflow
     # is not there to give up on it: EMR's idle timeout starts only once no step runs.
@@ -207,7 +262,7 @@ def check_sensor_limits(run_config: PipelineConfig, dag_config: PipelineConfig) 
 
 
 def hourly_cost_usd(config: PipelineConfig) -> float:
-    """On-demand price of the cluster per hour (EC2 + EMR fee; spot core nodes cost less)."""
+    """On-demand price of the cluster per hour (EC2 + EMR fee), its price_basis."""
     template = read_template()
     master, core = (instance_type(config, field, template) for field in ("master_instance_type", "core_instance_type"))
     master_usd = master["ec2_usd_per_hour"] + master["emr_usd_per_hour"]
@@ -233,11 +288,11 @@ def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = Non
     hourly, hours = hourly_cost_usd(config), max_cluster_hours(config, dag_config)
     if budget is not None and hourly * hours > budget:
         raise ConfigError(
-            f"emr.max_cost_usd: the cluster may cost up to about ${hourly * hours:,.2f} ({hours:.1f} hours at "
-            f"${hourly:.2f} per hour on demand: every step at its time limit in both tries, plus the idle timeout), "
-            f"more than the ${budget:,.2f} allowed; lower emr.core_instance_count or the instance types, or "
-            f"train.max_steps or emr.step_timeout_minutes in {defaults_path().name} (the DAG's step time limits come "
-            "from there), or raise emr.max_cost_usd there"
+            f"emr.max_cost_usd: the cluster may cost up to about ${hourly * hours:,.2f}, more than the ${budget:,.2f} "
+            f"allowed: {hours:.1f} hours (every step at its time limit in both tries, plus the idle timeout) at "
+            f"${hourly:.2f} per hour, at {price_basis(config)}; lower emr.core_instance_count or the instance types, "
+            f"or train.max_steps or emr.step_timeout_minutes in {defaults_path().name} (the DAG's step time limits "
+            "come from there), or raise emr.max_cost_usd there"
         )
     return hourly, hours
 
@@ -249,7 +304,7 @@ def lowest_budget(*budgets: float | None) -> float | None:
 
 def cluster_record(emr_client, cluster_id: str, config: PipelineConfig) -> dict:
     """The run's cluster as EMR reports it: its steps (every try, oldest first) with their states
-    and durations, and its hours and on-demand cost so far (collect runs just before terminate)."""
+    and durations, and its hours and cost so far at on-demand prices (collect runs just before terminate)."""
     cluster = emr_client.describe_cluster(ClusterId=cluster_id)["Cluster"]
     pages = emr_client.get_paginator("list_steps").paginate(ClusterId=cluster_id)
     steps = [step for page in pages for step in page["Steps"]][::-1]
@@ -261,6 +316,7 @@ def cluster_record(emr_client, cluster_id: str, config: PipelineConfig) -> dict:
         "created": created.isoformat(),
         "hours_so_far": round(hours, 2),
         "cost_usd_so_far": round(hours * hourly_cost_usd(config), 2),
+        "cost_basis": price_basis(config),
         "steps": [step_record(step) for step in steps],
     }
 

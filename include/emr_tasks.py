@@ -41,8 +41,9 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> 
     steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in STAGE_NAMES}
     hourly, hours = emr.check_budget(config, dag_config)
     log.info(
-        "cluster: about $%.2f per hour on demand; at most %.1f hours (about $%.0f) with these limits",
+        "cluster: about $%.2f per hour at %s; at most %.1f hours (about $%.0f) with these limits",
         hourly,
+        emr.price_basis(config),
         hours,
         hourly * hours,
     )

@@ -111,6 +111,7 @@ def emr_text(cluster: dict) -> str:
     steps = "\n".join(f"| {step['name']} | {step['state']} | {figure(step['seconds'])} |" for step in cluster["steps"])
     return (
         f"## EMR\n\nCluster {cluster['cluster_id']} ({cluster['release']}), created {cluster['created']}: "
-        f"{figure(cluster['hours_so_far'])} hours and about ${figure(cluster['cost_usd_so_far'], ',.2f')} on demand "
-        f"when collect ran.\n\n| step | state | seconds |\n|---|---|---|\n{steps}\n\n"
+        f"{figure(cluster['hours_so_far'])} hours and about ${figure(cluster['cost_usd_so_far'], ',.2f')} "
+        f"at {cluster.get('cost_basis', 'on-demand prices')} when collect ran.\n\n"
+        f"| step | state | seconds |\n|---|---|---|\n{steps}\n\n"
     )

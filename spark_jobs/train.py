@@ -41,10 +41,11 @@ def train(spark, config: PipelineConfig, run: str) -> dict:
     for message in warnings:
         logger.warning(message)
     workers = config.train.num_workers
+    distinct_hosts = needs_distinct_hosts(spark.sparkContext.master)
     results = (
         spark.sparkContext.parallelize(range(workers), workers)
         .barrier()
-        .mapPartitions(lambda _: [train_task(run)])
+        .mapPartitions(lambda _: [train_task(run, distinct_hosts)])
         # Spark retries a failed barrier stage only when it is a shuffle-map stage (a failed
         # barrier result stage aborts the job), so the results go through a shuffle.
         .repartition(1)
@@ -88,8 +89,34 @@ def settings_warnings(config: PipelineConfig) -> list[str]:
     ]
 
 
-def train_task(run: str) -> dict:
-    """One barrier task: agree on the cluster with the other tasks, then run a training worker."""
+def needs_distinct_hosts(master: str) -> bool:
+    """Whether each training worker must have a node of its own: on a cluster (YARN on EMR, a Spark
+    standalone master in the rehearsal), where two workers on one node would share its vCPUs and
+    memory, each sized for one; not on local[N], whose workers share this machine by design."""
+    return master.startswith(("yarn", "spark://"))
+
+
+def shared_hosts_error(addresses: list[str]) -> str | None:
+    """What is wrong when some workers' host:port addresses (by worker index) share a host, else None."""
+    hosts = [address.rsplit(":", 1)[0] for address in addresses]
+    shared = sorted({host for host in hosts if hosts.count(host) > 1})
+    if not shared:
+        return None
+    sharing = "; ".join(
+        f"workers {', '.join(str(index) for index, name in enumerate(hosts) if name == host)} on {host}"
+        for host in shared
+    )
+    return (
+        f"the training workers must run on distinct nodes, but {sharing} (hosts by worker: {', '.join(hosts)}): "
+        "train.num_workers must not exceed the cluster's nodes (emr.core_instance_count), each of whose executors "
+        "must own the whole node (include/emr.py train_resources)"
+    )
+
+
+def train_task(run: str, distinct_hosts: bool) -> dict:
+    """One barrier task: agree on the cluster with the other tasks, then run a training worker.
+    Workers that share a node when they should not stop before TensorFlow starts, every one of
+    them (they all see the same addresses), so no worker waits for a peer that never comes."""
     from pyspark import BarrierTaskContext
 
     log.setup("train")  # in the executor's Python worker: its lines as the driver's
@@ -97,6 +124,9 @@ def train_task(run: str) -> dict:
     index = context.partitionId()
     host = node_host(context, index)
     addresses = context.allGather(f"{host}:{free_port(host)}")  # ordered by partition id
+    error = shared_hosts_error(addresses) if distinct_hosts else None
+    if error:
+        return {"worker": index, "error": error}
     tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
     workers_on_host = sum(address.rsplit(":", 1)[0] == host for address in addresses)
     threads = max(1, (os.cpu_count() or 1) // workers_on_host)

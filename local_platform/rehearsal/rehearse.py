@@ -180,8 +180,9 @@ def print_cluster(rehearsal: Rehearsal) -> None:
         config = rehearsal.config
         hourly = emr.hourly_cost_usd(config)
         print(
-            f"on AWS:           about ${hourly * hours:,.2f} for {hours * 60:,.1f} min at ${hourly:.2f}/hour on demand "
+            f"on AWS:           about ${hourly * hours:,.2f} for {hours * 60:,.1f} min at ${hourly:.2f}/hour "
             f"(1 {config.emr.master_instance_type} + {config.emr.core_instance_count} {config.emr.core_instance_type}; "
+            f"{emr.price_basis(config)}; "
             "EMR bills a minute at least, and this machine is slower than the cluster)"
         )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from datetime import date
 from importlib import metadata
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from botocore.validate import validate_parameters
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from include import emr, emr_tasks
+from include import emr, emr_tasks, report
 from include.local_spark import LOOPBACK_CONF, local_argv
 from spark_jobs.lib import memory, run_folder
 from spark_jobs.lib.config import REPO_ROOT, ConfigError
@@ -123,9 +124,27 @@ def test_a_subnet_that_is_no_subnet_id_is_named():
         emr_config("emr.subnet_id=vpc-0123abcd")
 
 
-def test_unknown_instance_type_is_named():
-    with pytest.raises(ConfigError, match=r"emr.core_instance_type: 'x9.huge' is not in the instance_types table"):
+def test_unknown_instance_type_is_named_with_how_to_add_it():
+    how = (
+        r"types table of include/config/emr_cluster.yaml .*: add it there with its vcpus, yarn_memory_mb .*"
+        r"ec2_usd_per_hour and emr_usd_per_hour \(on demand in us-east-1, "
+        r"as the table's prices.region and prices.as_of say\)"
+    )
+    # The core nodes' type sizes the executors: needed with or without a budget.
+    with pytest.raises(ConfigError, match=rf"emr.core_instance_type: 'x9.huge' is not in the instance_{how}"):
         emr.job_flow_overrides(emr_config("emr.core_instance_type=x9.huge"), RUN_ID)
+    with pytest.raises(
+        ConfigError, match=r"emr.core_instance_type: 'x9.huge' is not in .*needed to size the executors"
+    ):
+        emr.stage_step("tokenize", emr_config("emr.core_instance_type=x9.huge"), RUN_ID)
+    # The master's prices the cluster, which a budget cannot be checked without.
+    unpriced = emr_config("emr.master_instance_type=x9.huge", "emr.max_cost_usd=100")
+    with pytest.raises(ConfigError, match=rf"emr.master_instance_type: 'x9.huge' is not in the instance_{how}"):
+        emr.check_budget(unpriced)
+    with pytest.raises(
+        ConfigError, match=r"emr.master_instance_type: 'x9.huge' is not in .*needed to price the cluster"
+    ):
+        emr_tasks.prepare(unpriced, RUN_ID, unpriced)
 
 
 def test_unknown_template_placeholder_is_named():
@@ -184,7 +203,7 @@ def test_local_and_emr_run_the_same_applications_with_the_same_arguments(tmp_pat
     local_run, emr_run = run_folder.run_dir(local_config, RUN_ID), run_folder.run_dir(config, RUN_ID)
     code_dir = tmp_path / "code"
     # The targets' own settings: EMR's executor sizing, and locally Spark's loopback addresses.
-    resources = emr.train_resources(config) | emr.cluster_parallelism(config) | LOOPBACK_CONF
+    resources = emr.train_resources(config) | emr.preprocess_resources(config) | LOOPBACK_CONF
     for stage in STAGE_NAMES:
         local = local_argv(stage, local_config, local_run, code_dir)
         remote = emr.stage_step(stage, config, RUN_ID)["HadoopJarStep"]["Args"][3:]  # after the time limit
@@ -225,6 +244,38 @@ def test_train_gets_one_whole_core_node_per_worker():
     assert not any(
         arg.startswith("spark.task.cpus") for arg in emr.stage_step("export", config, RUN_ID)["HadoopJarStep"]["Args"]
     )
+
+
+def test_train_step_keeps_its_executor_sizes_and_fails_within_a_minute_without_a_node_per_worker():
+    args = emr.stage_step("train", emr_config(), RUN_ID)["HadoopJarStep"]["Args"]
+    conf = dict(args[index + 1].split("=", 1) for index, arg in enumerate(args) if arg == "--conf")
+    # EMR's heterogeneous executors would size them per node instead.
+    assert conf["spark.yarn.heterogeneousExecutors.enabled"] == "false"
+    interval = conf["spark.scheduler.barrier.maxConcurrentTasksCheck.interval"]
+    checks = int(conf["spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures"])
+    # Spark's defaults (15 s, 40 checks) give up only after 10 minutes.
+    assert interval.endswith("s") and 30 <= int(interval.removesuffix("s")) * checks <= 90
+
+
+def test_preprocessing_executors_leave_their_python_workers_the_nodes_memory():
+    for core_type in ("m5.xlarge", "m5.4xlarge"):
+        config = emr_config(f"emr.core_instance_type={core_type}")
+        node = emr.instance_type(config, "core_instance_type")
+        heap_mb, overhead_mb = emr.train_executor_memory_mb(config)
+        for stage in ("tokenize", "window", "positional_embed", "export"):
+            args = emr.stage_step(stage, config, RUN_ID)["HadoopJarStep"]["Args"]
+            for setting in (
+                f"spark.executor.cores={node['vcpus']}",
+                f"spark.executor.memory={heap_mb}m",
+                f"spark.executor.memoryOverhead={overhead_mb}m",
+                "spark.yarn.heterogeneousExecutors.enabled=false",
+            ):
+                assert setting in args, (core_type, stage, setting)
+        # Not Spark's default overhead, a tenth of the heap: three quarters of the node, near 2 GB per vCPU.
+        assert overhead_mb >= 3 * heap_mb and overhead_mb / node["vcpus"] >= 1900
+        assert heap_mb + overhead_mb == node["yarn_memory_mb"] - emr.APPLICATION_MASTER_MB
+    generate = emr.stage_step("generate", emr_config(), RUN_ID)["HadoopJarStep"]["Args"]
+    assert not any(arg.startswith("spark.executor.memoryOverhead") for arg in generate)
 
 
 def test_train_sensor_limit_follows_the_training_budget():
@@ -339,19 +390,35 @@ def test_a_run_that_could_cost_more_than_the_budget_stops_before_its_cluster_exi
     emr.check_budget(emr_config(f"emr.max_cost_usd={most + 0.01}"))  # within the budget
     emr.check_budget(emr_config())  # no budget set
     with pytest.raises(
-        ConfigError, match=rf"emr.max_cost_usd: the cluster may cost up to about \${most:,.2f} .*more than the \$10.00"
+        ConfigError, match=rf"emr.max_cost_usd: the cluster may cost up to about \${most:,.2f}, more than the \$10.00"
     ):
         emr_tasks.prepare(emr_config("emr.max_cost_usd=10"), RUN_ID, emr_config())  # before it uploads anything
     # A run's shorter time limits do not shorten the DAG's sensors, which were set when it was parsed.
     shorter = emr_config("emr.step_timeout_minutes=10", "train.max_steps=100", f"emr.max_cost_usd={most - 1}")
     assert emr.hourly_cost_usd(shorter) * emr.max_cluster_hours(shorter) < most - 1
-    with pytest.raises(ConfigError, match=rf"may cost up to about \${most:,.2f} "):
+    with pytest.raises(ConfigError, match=rf"may cost up to about \${most:,.2f}, "):
         emr_tasks.prepare(shorter, RUN_ID, emr_config())
     # The DAG's budget binds every run: a run's form cannot raise or clear it, only lower it.
     capped = emr_config(f"emr.max_cost_usd={most - 1}")
     for raised in (emr_config(f"emr.max_cost_usd={most * 100}"), emr_config("emr.max_cost_usd=null")):
         with pytest.raises(ConfigError, match=rf"more than the \${most - 1:,.2f} allowed"):
             emr_tasks.prepare(raised, RUN_ID, capped)
+
+
+def test_cost_figures_say_they_are_on_demand_prices_of_the_tables_region_and_date():
+    prices = emr.read_template()["prices"]
+    assert prices["region"] == "us-east-1" and date.fromisoformat(prices["as_of"])
+    basis = f"on-demand prices of us-east-1 as of {prices['as_of']}"
+    assert emr.price_basis(emr_config()) == basis
+    spot = emr_config("emr.core_spot=true")
+    assert emr.price_basis(spot) == f"{basis}, an upper bound with spot core nodes"
+    with pytest.raises(ConfigError, match=rf"per hour, at {basis}, an upper bound with spot core nodes; lower "):
+        emr.check_budget(emr_config("emr.core_spot=true", "emr.max_cost_usd=1"))
+    record = {"cluster_id": "j-1", "release": "emr-7.12.0", "created": "2026-11-22T08:00:00+00:00", "steps": []}
+    record |= {"hours_so_far": 0.5, "cost_usd_so_far": 0.6, "cost_basis": emr.price_basis(spot)}
+    assert f"about $0.60 at {basis}, an upper bound with spot core nodes when collect ran" in report.emr_text(record)
+    docs = (REPO_ROOT / "docs" / "emr.md").read_text()
+    assert f"on demand in us-east-1 as of {prices['as_of']}" in docs
 
 
 def test_pip_resolves_the_jobs_requirements_within_the_pinned_environment():
