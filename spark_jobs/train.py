@@ -1,10 +1,10 @@
 """Stage train: the decoder trained by train.num_workers TensorFlow workers in a Spark barrier stage.
 
-Each barrier task picks a port, learns its peers' host:port through allGather, builds TF_CONFIG
-from them and runs one training worker (spark_jobs/lib/trainer.py) under
-MultiWorkerMirroredStrategy. If any worker fails, Spark retries the whole barrier stage and the
-workers resume from the last training-state backup in the run folder; a failure that a retry
-would repeat (a diverging loss) fails the stage at once.
+Each barrier task picks a port, learns its peers' host:port through allGather (on a cluster, all
+stop there when two share a node), builds TF_CONFIG from them and runs one training worker
+(spark_jobs/lib/trainer.py) under MultiWorkerMirroredStrategy. If any worker fails, Spark retries
+the whole barrier stage and the workers resume from the last training-state backup in the run
+folder; a failure that a retry would repeat (a diverging loss) fails the stage at once.
 
 Reads tfrecords/, embeddings/, tokenizer/; writes model/, stats/epochs.csv and stats/train.json,
 and keeps checkpoints/ (its backups) until the stage is complete.
@@ -41,20 +41,7 @@ def train(spark, config: PipelineConfig, run: str) -> dict:
     for message in warnings:
         logger.warning(message)
     workers = config.train.num_workers
-    distinct_hosts = needs_distinct_hosts(spark.sparkContext.master)
-    results = (
-        spark.sparkContext.parallelize(range(workers), workers)
-        .barrier()
-        .mapPartitions(lambda _: [train_task(run, distinct_hosts)])
-        # Spark retries a failed barrier stage only when it is a shuffle-map stage (a failed
-        # barrier result stage aborts the job), so the results go through a shuffle.
-        .repartition(1)
-        .collect()
-    )
-    results.sort(key=lambda result: result["worker"])
-    for result in results:
-        if "error" in result:
-            raise PipelineError(f"training worker {result['worker']}: {result['error']}")
+    results = run_workers(spark, run, workers)
     chief = results[0]
     for message in chief["warnings"]:  # e.g. a backup it could not resume
         logger.warning(message)
@@ -74,6 +61,26 @@ def train(spark, config: PipelineConfig, run: str) -> dict:
         "worker_results": results,
         "warnings": warnings,
     }
+
+
+def run_workers(spark, run: str, workers: int) -> list[dict]:
+    """The training workers' results by worker index, from a barrier stage of one task per worker,
+    or a PipelineError with the first worker's error that a retry would repeat."""
+    distinct_hosts = needs_distinct_hosts(spark.sparkContext.master)
+    results = (
+        spark.sparkContext.parallelize(range(workers), workers)
+        .barrier()
+        .mapPartitions(lambda _: [train_task(run, distinct_hosts)])
+        # Spark retries a failed barrier stage only when it is a shuffle-map stage (a failed
+        # barrier result stage aborts the job), so the results go through a shuffle.
+        .repartition(1)
+        .collect()
+    )
+    results.sort(key=lambda result: result["worker"])
+    for result in results:
+        if "error" in result:
+            raise PipelineError(f"training worker {result['worker']}: {result['error']}")
+    return results
 
 
 def settings_warnings(config: PipelineConfig) -> list[str]:

@@ -1,0 +1,52 @@
+"""How long the train step takes to fail when its cluster cannot place one worker per node: the train
+stage's barrier stage (spark_jobs/train.run_workers) of three workers, submitted to the rehearsal's
+Spark standalone cluster of two one-core nodes, with the EMR train step's barrier-slots settings
+(include/emr.BARRIER_SLOTS_CHECK) or, with --spark-defaults, Spark's own (10 minutes).
+
+    .venv/bin/python benchmarks/barrier_placement.py [--spark-defaults]
+
+Prints the seconds from the stage's submission to its failure, as the driver measured them, and
+spark-submit's whole wall time (the JVM and the cluster's executors starting included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from include import emr  # noqa: E402
+from local_platform.rehearsal.cluster import SparkStandaloneCluster  # noqa: E402
+from tests.local_platform.barrier_jobs import submit_train_tasks  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spark-defaults", action="store_true", help="Spark's own check settings instead")
+    args = parser.parse_args(argv)
+    conf = {} if args.spark_defaults else emr.BARRIER_SLOTS_CHECK
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        SparkStandaloneCluster(workers=2, memory_per_worker_mb=1024) as cluster,
+    ):
+        started = time.monotonic()
+        done = submit_train_tasks(cluster, Path(folder), 3, conf, timeout_s=900)
+        wall = time.monotonic() - started
+    failed = re.search(r"STAGE FAILED after ([0-9.]+) s: (\S+)", done.stdout)
+    if not failed:
+        print(f"the stage did not fail as expected (exit {done.returncode}):\n{done.stderr[-3000:]}", file=sys.stderr)
+        return 1
+    print(f"settings: {conf or 'Spark defaults'}")
+    print(f"stage failed after {failed.group(1)} s ({failed.group(2)}); spark-submit took {wall:.1f} s in all")
+    print(f"load average (1 min) {os.getloadavg()[0]:.1f}, on {os.cpu_count()} cores")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

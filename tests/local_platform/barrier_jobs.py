@@ -1,0 +1,48 @@
+"""A barrier stage of the train stage's own tasks, submitted to a rehearsal SparkStandaloneCluster:
+tests/local_platform/test_rehearsal_cluster.py and benchmarks/barrier_placement.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from include.spark_submit import package_code
+from local_platform.rehearsal.cluster import SPARK_HOME, SparkStandaloneCluster
+
+# The train stage's barrier stage (train.run_workers), stopped before TensorFlow starts: only when
+# workers share a node (its run folder is then never read), or when Spark cannot place them all.
+# The job prints the error and how long the stage took to fail.
+TRAIN_TASKS_JOB = textwrap.dedent(
+    """
+    import sys, time
+    from pyspark.sql import SparkSession
+    from spark_jobs import train
+
+    spark = SparkSession.builder.config("spark.executor.memory", "512m").getOrCreate()
+    started = time.monotonic()
+    try:
+        train.run_workers(spark, "unused", int(sys.argv[1]))
+    except Exception as error:
+        message = " ".join(str(error).split())
+        print(f"STAGE FAILED after {time.monotonic() - started:.1f} s: {type(error).__name__}: {message[:600]}")
+    spark.stop()
+    """
+)
+
+
+def submit_train_tasks(
+    cluster: SparkStandaloneCluster, folder: Path, workers: int, conf: dict[str, str], timeout_s: float = 300
+) -> subprocess.CompletedProcess:
+    """spark-submit TRAIN_TASKS_JOB for `workers` barrier tasks with these settings; its output as text."""
+    job = folder / "train_tasks.py"
+    job.write_text(TRAIN_TASKS_JOB)
+    library = package_code(folder / "code")
+    env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    argv = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", cluster.master_url]
+    for key, value in conf.items():
+        argv += ["--conf", f"{key}={value}"]
+    argv += ["--py-files", str(library), str(job), str(workers)]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
