@@ -1,16 +1,20 @@
 """The rehearsal's Spark standalone cluster: a master and two workers on their own loopback
-addresses run a barrier stage whose tasks sit on distinct nodes, and stop() leaves nothing running."""
+addresses run a barrier stage whose tasks sit on distinct nodes, and stop() leaves nothing running;
+the train stage's barrier stage fails at once on it when it cannot have a node per worker."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from include import emr
 from local_platform.rehearsal.cluster import SPARK_HOME, SparkStandaloneCluster
+from tests.local_platform.barrier_jobs import submit_train_tasks
 
 BARRIER_JOB = textwrap.dedent(
     """
@@ -55,3 +59,32 @@ def test_a_barrier_stage_runs_on_two_loopback_nodes_and_stop_leaves_nothing_runn
         assert len(daemons) >= 3  # the master and two workers (their executors have ended with the application)
     alive = [pid for pid in daemons if os.path.exists(f"/proc/{pid}")]
     assert alive == [] and not folder.exists()
+
+
+@pytest.mark.slow
+def test_training_workers_the_cluster_cannot_place_fail_the_stage_with_the_emr_steps_settings(tmp_path):
+    """Three workers on two one-core nodes. With the train step's settings Spark checks 12 times, 5 s
+    apart, where its defaults wait 10 minutes (benchmarks/barrier_placement.py times it)."""
+    with SparkStandaloneCluster(workers=2, memory_per_worker_mb=1024) as cluster:
+        done = submit_train_tasks(cluster, tmp_path, 3, emr.BARRIER_SLOTS_CHECK)
+    assert "STAGE FAILED after" in done.stdout and "BarrierJobSlotsNumberCheckFailed" in done.stdout, done.stderr[
+        -3000:
+    ]
+    checks = emr.BARRIER_SLOTS_CHECK["spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures"]
+    # Spark's warning at each check, counting down to the last (the executors may register after the first).
+    retries = re.findall(
+        r"requires 3 slots, but only \d are available\. Will retry up to (\d+) more times", done.stderr
+    )
+    assert retries == [str(left) for left in range(int(checks), -1, -1)], done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_two_training_workers_on_one_node_stop_before_tensorflow_naming_the_node(tmp_path):
+    """One node with two cores takes both barrier tasks: Spark places them, the workers refuse (and
+    the run folder they were given, which does not exist, is never read)."""
+    with SparkStandaloneCluster(workers=1, cores_per_worker=2, memory_per_worker_mb=1024) as cluster:
+        done = submit_train_tasks(cluster, tmp_path, 2, {})
+    assert (
+        "PipelineError: training worker 0: the training workers must run on distinct nodes, but workers 0, 1 on "
+        "127.0.0.2 (hosts by worker: 127.0.0.2, 127.0.0.2)"
+    ) in done.stdout, done.stderr[-3000:]
