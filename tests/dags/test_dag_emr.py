@@ -521,7 +521,7 @@ def test_a_step_out_of_time_fails_its_task_without_a_retry(airflow_db, aws, capf
 def test_a_step_its_own_time_limit_ended_fails_its_task_without_a_retry(airflow_db, aws, capfd):
     """Each step runs under `timeout`, so the cluster's cost stays bounded without Airflow."""
     dag_run, states, finished = run_dag(aws, timed_out={"window"})
-    limit = emr.sensor_limits("window", load_config(overrides=OVERRIDES))["timeout"]
+    limit = emr.step_limit_seconds("window", load_config(overrides=OVERRIDES))
     assert "window: step s-" in (logged := "".join(capfd.readouterr()))
     assert f"ran out of its time limit ({limit:,} s)" in logged
 
