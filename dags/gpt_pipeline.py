@@ -5,17 +5,18 @@
 target: local   validate_config → tokenize → window → positional_embed → export → train → generate
                   → collect → promote, prune_runs
 
-target: emr     validate_config → create_cluster → tokenize → window → positional_embed → export
-                  → train → generate → collect → promote, prune_runs
-                                               → terminate_cluster (teardown of create_cluster)
+target: emr     validate_config → create_cluster → wait_for_cluster → tokenize → window → positional_embed
+                  → export → train → generate → collect → promote, prune_runs
+                                                          → terminate_cluster (teardown of create_cluster)
 ```
 
 Each stage is one Spark application run with spark-submit: on this machine's Spark, or as a step of
 an EMR cluster made for the run. Stages talk only through the run folder `{lake}/runs/{run}/`.
 `collect` copies the run's record and report to S3, `promote` points the run name's `latest`
 pointer at the new model (updating the `gpt_pipeline_model` asset), `prune_runs` removes older run
-folders when `keep_runs` is set. On EMR, `terminate_cluster` runs whatever happened to the steps,
-and a failed step still fails the run.
+folders when `keep_runs` is set. On EMR, `wait_for_cluster` waits for the cluster to start and
+bootstrap (within `emr.startup_timeout_minutes`) before the first step, `terminate_cluster` runs
+whatever happened after `create_cluster`, and a failed step still fails the run.
 
 Defaults come from include/config/pipeline.yaml (`target` chooses the branch); the trigger form
 changes them for one run. The tasks, the trigger form and the settings a run cannot change:
@@ -27,7 +28,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from airflow.providers.amazon.aws.operators.emr import EmrCreateJobFlowOperator, EmrTerminateJobFlowOperator
+from airflow.providers.amazon.aws.operators.emr import EmrTerminateJobFlowOperator
 from airflow.sdk import (
     DAG,
     Asset,
@@ -41,7 +42,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from include import emr, emr_tasks, local_spark, locks, preflight, trigger_form
 from include.airflow_names import DAG_ID, MODEL_ASSET_NAME
-from include.emr_tasks import EmrStageSensor
+from include.emr_tasks import EmrClusterReadySensor, EmrCreateClusterOperator, EmrStageSensor
 from include.promote import latest_folder, promote_record
 from include.prune import remove_old_runs
 from include.record import AWS_CONN_ID, RunFolder, check_bucket, collect_record
@@ -61,7 +62,7 @@ log = logging.getLogger(__name__)
 CONFIG_PATH = defaults_path()  # include/config/pipeline.yaml unless GPT_PIPELINE_CONFIG names another
 CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form's values
 # With target emr the cluster's tasks are built with these when Airflow parses the DAG, too.
-EMR_DAG_SETTINGS = ("emr.aws_conn_id", "emr.region", "emr.poke_interval_seconds")
+EMR_DAG_SETTINGS = ("emr.aws_conn_id", "emr.region", "emr.poke_interval_seconds", "emr.startup_timeout_minutes")
 # Updated when a run's model becomes latest; the event's extra names the run, its model and the pointer.
 MODEL_ASSET = Asset(name=MODEL_ASSET_NAME, uri=latest_folder(CONFIG))
 
@@ -244,8 +245,8 @@ with DAG(
         run_dir = prepared["run_dir"]
 
         # Setup: the cluster. No retries: a retried create would start a second cluster (boto3
-        # retries API errors itself).
-        create_cluster = EmrCreateJobFlowOperator(
+        # retries API errors itself). It terminates its cluster itself if it fails once EMR made it.
+        create_cluster = EmrCreateClusterOperator(
             task_id="create_cluster",
             job_flow_overrides=prepared["job_flow_overrides"],
             emr_conn_id=None,
@@ -253,6 +254,10 @@ with DAG(
             **aws,
         )
         cluster_id = create_cluster.output
+        # Start-up and bootstrap, on their own allowance: the first step's time limit starts after them.
+        wait_for_cluster = EmrClusterReadySensor(
+            task_id="wait_for_cluster", job_flow_id=cluster_id, **emr.startup_limits(CONFIG), **aws
+        )
 
         # Body: one task per stage adds its EMR step and waits for it (a retry adds the step again);
         # then collect, with the cluster's steps and cost.
@@ -278,6 +283,7 @@ with DAG(
         chain(
             prepared,
             create_cluster,
+            wait_for_cluster,
             *stages,
             report,
             terminate_cluster.as_teardown(setups=create_cluster, on_failure_fail_dagrun=True),

@@ -211,7 +211,7 @@ def stage_step(stage: str, config: PipelineConfig, run_id: str) -> dict:
     )
     # The step ends itself at its task's time limit, so the cluster's cost stays bounded when Airflow
     # is not there to give up on it: EMR's idle timeout starts only once no step runs.
-    limit = ["timeout", f"--kill-after={STEP_KILL_AFTER_SECONDS}", str(sensor_limits(stage, config)["timeout"])]
+    limit = ["timeout", f"--kill-after={STEP_KILL_AFTER_SECONDS}", str(step_limit_seconds(stage, config))]
     # CONTINUE: a failed step leaves the cluster to the DAG, whose teardown terminates it.
     return {
         "Name": stage,
@@ -233,20 +233,34 @@ def train_budget_steps(config: PipelineConfig) -> int:
     return config.train.max_steps + (evaluations - 1) * config.train.eval_batches + last
 
 
-def sensor_limits(stage: str, config: PipelineConfig) -> dict[str, int]:
-    """EmrStepSensor's `timeout` and `poke_interval` for a stage's step."""
-    timeout = config.emr.step_timeout_minutes * 60
+def step_limit_seconds(stage: str, config: PipelineConfig) -> int:
+    """The time limit of a stage's step, counted from when the step starts running."""
+    limit = config.emr.step_timeout_minutes * 60
     if stage == "train":
-        timeout += math.ceil(train_budget_steps(config) * config.emr.train_seconds_per_step)
-    return {"timeout": timeout, "poke_interval": config.emr.poke_interval_seconds}
+        limit += math.ceil(train_budget_steps(config) * config.emr.train_seconds_per_step)
+    return limit
+
+
+def sensor_limits(stage: str, config: PipelineConfig) -> dict[str, int]:
+    """EmrStepSensor's `timeout` and `poke_interval` for a stage's step. The sensor's clock starts
+    before the step runs, so it allows a poke for the step to start, the step's own limit and its
+    kill, and a poke to see it end: a step that runs out of time is seen to fail, with its reason."""
+    poke = config.emr.poke_interval_seconds
+    return {"timeout": step_limit_seconds(stage, config) + STEP_KILL_AFTER_SECONDS + 2 * poke, "poke_interval": poke}
+
+
+def startup_limits(config: PipelineConfig) -> dict[str, int]:
+    """The cluster sensor's `timeout` and `poke_interval`: start-up and bootstrap have their own
+    allowance, so that no step's limit counts them."""
+    return {"timeout": config.emr.startup_timeout_minutes * 60, "poke_interval": config.emr.poke_interval_seconds}
 
 
 def check_sensor_limits(run_config: PipelineConfig, dag_config: PipelineConfig) -> None:
     """Sensor limits are fixed when the DAG is parsed; a run whose overrides (e.g. a larger
     train.max_steps) need more time is stopped before any cluster is created."""
     for stage in STAGE_NAMES:
-        needed = sensor_limits(stage, run_config)["timeout"]
-        allowed = sensor_limits(stage, dag_config)["timeout"]
+        needed = step_limit_seconds(stage, run_config)
+        allowed = step_limit_seconds(stage, dag_config)
         if needed > allowed:
             settings = "emr.step_timeout_minutes"
             if stage == "train":
@@ -271,11 +285,13 @@ def hourly_cost_usd(config: PipelineConfig) -> float:
 
 
 def max_cluster_hours(config: PipelineConfig, dag_config: PipelineConfig | None = None) -> float:
-    """The longest a cluster can live: every step at its time limit in each of its tries, then the
-    idle timeout (in case Airflow is gone and no one terminates it). The time limits in force are
-    the DAG's (`dag_config`), set when Airflow parsed it; a run's own can only be lower."""
+    """The longest a cluster can live: its start-up allowance, every step's sensor waiting its
+    whole limit in each of its tries, then the idle timeout (in case Airflow is gone and no one
+    terminates it). The limits in force are the DAG's (`dag_config`), set when Airflow parsed it;
+    a run's own can only be lower."""
     limits = dag_config or config
-    seconds = (1 + STEP_RETRIES) * sum(sensor_limits(stage, limits)["timeout"] for stage in STAGE_NAMES)
+    seconds = startup_limits(limits)["timeout"]
+    seconds += (1 + STEP_RETRIES) * sum(sensor_limits(stage, limits)["timeout"] for stage in STAGE_NAMES)
     return round(seconds / 3600 + config.emr.idle_timeout_minutes / 60, 2)
 
 
@@ -289,10 +305,10 @@ def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = Non
     if budget is not None and hourly * hours > budget:
         raise ConfigError(
             f"emr.max_cost_usd: the cluster may cost up to about ${hourly * hours:,.2f}, more than the ${budget:,.2f} "
-            f"allowed: {hours:.1f} hours (every step at its time limit in both tries, plus the idle timeout) at "
-            f"${hourly:.2f} per hour, at {price_basis(config)}; lower emr.core_instance_count or the instance types, "
-            f"or train.max_steps or emr.step_timeout_minutes in {defaults_path().name} (the DAG's step time limits "
-            "come from there), or raise emr.max_cost_usd there"
+            f"allowed: {hours:.1f} hours (the start-up allowance, every step at its time limit in both tries, plus the "
+            f"idle timeout) at ${hourly:.2f} per hour, at {price_basis(config)}; lower emr.core_instance_count or the "
+            "instance types, or train.max_steps, emr.step_timeout_minutes or emr.startup_timeout_minutes in "
+            f"{defaults_path().name} (the DAG's time limits come from there), or raise emr.max_cost_usd there"
         )
     return hourly, hours
 

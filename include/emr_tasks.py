@@ -1,14 +1,17 @@
 """The EMR target's Airflow pieces, built from include/emr.py; dags/gpt_pipeline.py composes them
-with the amazon provider's EmrCreateJobFlowOperator and EmrTerminateJobFlowOperator:
+with the amazon provider's EmrTerminateJobFlowOperator:
 
-    validate_config (prepare) -> create_cluster -> tokenize -> ... -> generate -> collect
-                                                                                -> terminate_cluster
+    validate_config (prepare) -> create_cluster -> wait_for_cluster -> tokenize -> ... -> generate
+                                                                      -> collect -> terminate_cluster
 
 `prepare` checks and uploads the run and returns the cluster request and every stage's step.
-Each stage is one EmrStageSensor task: it adds the stage's EMR step and waits for it, so that a
-retry runs the stage again. terminate_cluster is a teardown task: it runs whatever happened to the
-steps, and since Airflow leaves teardown tasks out of the run's state, a failed step still fails
-the run.
+create_cluster (EmrCreateClusterOperator) terminates the cluster it made if it fails after EMR
+made it: a failed setup task's teardown does not run. wait_for_cluster (EmrClusterReadySensor)
+waits for the cluster to start and bootstrap, within its own allowance, so that no step's time
+limit counts it. Each stage is one EmrStageSensor task: it adds the stage's EMR step and waits for
+it, so that a retry runs the stage again. terminate_cluster is a teardown task: it runs whatever
+happened to the steps, and since Airflow leaves teardown tasks out of the run's state, a failed
+step still fails the run.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from __future__ import annotations
 import logging
 
 from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.providers.amazon.aws.operators.emr import EmrCreateJobFlowOperator
+from airflow.providers.amazon.aws.sensors.emr import EmrJobFlowSensor, EmrStepSensor
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout, TaskDeferred
 
 from include import emr
 from include.record import RunFolder, check_bucket
@@ -27,6 +31,7 @@ from spark_jobs.lib.stages import STAGE_NAMES
 
 log = logging.getLogger(__name__)
 ENDED_STATES = ("TERMINATING", "TERMINATED", "TERMINATED_WITH_ERRORS")
+READY_STATES = ("WAITING", "RUNNING")
 
 
 def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> dict:
@@ -52,6 +57,90 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> 
     check_bucket(s3, emr.split_s3_uri(config.emr.log_uri)[0], "emr.log_uri")
     emr.upload_run(config, run_id, s3.get_conn())
     return {"run_dir": run_folder.run_dir(config, run_id), "job_flow_overrides": request, **steps}
+
+
+def ended_cluster(cluster: dict) -> str:
+    """'cluster j-… ended (STATE): EMR's reason (bootstrap logs: …)' of a described cluster."""
+    status = cluster["Status"]
+    reason = status.get("StateChangeReason", {}).get("Message") or "no reason given"
+    logs = f"{cluster.get('LogUri', '')}{cluster['Id']}/node/*/bootstrap-actions/"
+    return f"cluster {cluster['Id']} ended ({status['State']}): {reason} (bootstrap logs: {logs})"
+
+
+class EmrCreateClusterOperator(EmrCreateJobFlowOperator):
+    """The provider's create operator, which terminates the cluster it made when anything fails
+    after EMR made it (the console links' DescribeCluster refused, a waiter's error, the task out of
+    time or killed), instead of only after a waiter's error: Airflow runs no teardown of a setup
+    task that failed, so the cluster would run until its idle timeout, unseen."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("terminate_job_flow_on_failure", False)  # this class's, on any failure
+        super().__init__(**kwargs)
+        self._job_flow_id = None  # on_kill reads it, also before RunJobFlow has returned
+
+    def execute(self, context) -> str:
+        try:
+            return super().execute(context)
+        except TaskDeferred:  # waiting in a trigger: not a failure
+            raise
+        except BaseException as error:
+            if not self._job_flow_id:
+                raise
+            outcome = self.terminate_created()
+            if not isinstance(error, Exception):  # out of time, killed: fails as it would
+                raise
+            raise AirflowFailException(
+                f"cluster {self._job_flow_id} was created, then {type(error).__name__}: {error}; {outcome}"
+            ) from error
+
+    def on_kill(self) -> None:
+        if self._job_flow_id:
+            self.terminate_created()
+
+    def terminate_created(self) -> str:
+        cluster_id = self._job_flow_id
+        self.log.warning("create_cluster failed after EMR created cluster %s: terminating it", cluster_id)
+        try:
+            self.hook.conn.terminate_job_flows(JobFlowIds=[cluster_id])
+        except Exception as error:
+            outcome = (
+                f"it could NOT be terminated ({error}): terminate it by hand "
+                f"(aws emr terminate-clusters --cluster-ids {cluster_id})"
+            )
+            self.log.error("cluster %s: %s", cluster_id, outcome)
+            return outcome
+        return "it was terminated"
+
+
+class EmrClusterReadySensor(EmrJobFlowSensor):
+    """Waits for the cluster to start and bootstrap (WAITING) before the first step is added, so
+    that the first step's time limit counts only its own work. It waits emr.startup_timeout_minutes
+    at most, rescheduled between pokes: the provider's deferrable wait needs aiobotocore, which
+    the pinned botocore excludes. A cluster that ends instead (a failed bootstrap) fails the task
+    at once with EMR's reason; either way the terminate_cluster teardown runs, as create_cluster
+    succeeded."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("mode", "reschedule")
+        super().__init__(target_states=READY_STATES, failed_states=ENDED_STATES, deferrable=False, **kwargs)
+
+    def execute(self, context) -> None:
+        try:
+            super().execute(context)
+        except AirflowSensorTimeout as error:
+            raise AirflowSensorTimeout(
+                f"cluster {self.job_flow_id} did not start and bootstrap (WAITING) within emr.startup_timeout_minutes "
+                f"({self.timeout / 60:g} min); terminate_cluster ends it"
+            ) from error
+
+    def poke(self, context) -> bool:
+        response = self.get_emr_response(context)
+        cluster = response["Cluster"]
+        state = cluster["Status"]["State"]
+        if state in self.failed_states:
+            raise AirflowFailException(ended_cluster(cluster))
+        self.log.info("cluster %s is %s", self.job_flow_id, state)
+        return state in self.target_states
 
 
 def step_name(stage: str, try_number: int) -> str:
@@ -130,15 +219,8 @@ class EmrStageSensor(EmrStepSensor):
         except Exception as error:  # the step's failure is still reported and raised
             self.log.warning("cluster %s not described: %s", self.job_flow_id, error)
             return
-        state = cluster["Status"]["State"]
-        if state not in ENDED_STATES:
-            return
-        reason = cluster["Status"].get("StateChangeReason", {}).get("Message") or "no reason given"
-        logs = f"{cluster.get('LogUri', '')}{self.job_flow_id}/node/"
-        raise AirflowFailException(
-            f"{self.stage}: cluster {self.job_flow_id} ended ({state}): {reason} (bootstrap logs: "
-            f"{logs}*/bootstrap-actions/)"
-        )
+        if cluster["Status"]["State"] in ENDED_STATES:
+            raise AirflowFailException(f"{self.stage}: {ended_cluster(cluster)}")
 
     def check_time_limit(self) -> None:
         """A step that ran out of its own time limit fails without the retry, as a task out of time does."""

@@ -240,6 +240,7 @@ class EmrConfig(_Section):
     job_flow_role: str
     service_role: str
     idle_timeout_minutes: int = Field(ge=1, le=10080)
+    startup_timeout_minutes: int = Field(ge=1, le=1440)
     max_cost_usd: float | None = Field(default=None, gt=0)
     tags: dict[str, str] = {}
     aws_conn_id: str = Field(min_length=1)

@@ -13,18 +13,21 @@ import threading
 import time
 import zipfile
 from datetime import datetime, timedelta, timezone
+from unittest.mock import MagicMock
 
 import boto3
 import pytest
 import requests
 import yaml
+from airflow.sdk.exceptions import AirflowFailException
 from moto.core import DEFAULT_ACCOUNT_ID
+from moto.core.exceptions import JsonRESTError
 from moto.emr.exceptions import ValidationException
 from moto.emr.models import emr_backends
 from moto.emr.responses import ElasticMapReduceResponse
 from moto.server import ThreadedMotoServer
 
-from include import emr
+from include import emr, emr_tasks
 from include.spark_submit import package_code
 from spark_jobs.lib import lake, run_folder, stage
 from spark_jobs.lib.config import REPO_ROOT
@@ -119,13 +122,43 @@ def run_job_flow_requests(monkeypatch) -> list[dict]:
     return received
 
 
+def emr_backend():
+    return emr_backends[DEFAULT_ACCOUNT_ID][REGION]
+
+
+@pytest.fixture
+def starting_clusters(monkeypatch) -> list[str]:
+    """Clusters start STARTING as EMR's do (moto's are WAITING at once; the Cluster thread starts
+    them); returns the cluster's state at each AddJobFlowSteps call."""
+    states_at_add = []
+    original_run, original_add = ElasticMapReduceResponse.run_job_flow, ElasticMapReduceResponse.add_job_flow_steps
+
+    def run_job_flow(self):
+        before = set(emr_backend().clusters)
+        result = original_run(self)
+        for cluster_id in set(emr_backend().clusters) - before:
+            cluster = emr_backend().clusters[cluster_id]
+            cluster.state, cluster.ready_datetime = "STARTING", None
+        return result
+
+    def add_job_flow_steps(self):
+        states_at_add.append(emr_backend().clusters[json.loads(self.body)["JobFlowId"]].state)
+        return original_add(self)
+
+    monkeypatch.setattr(ElasticMapReduceResponse, "run_job_flow", run_job_flow)
+    monkeypatch.setattr(ElasticMapReduceResponse, "add_job_flow_steps", add_job_flow_steps)
+    return states_at_add
+
+
 class Cluster(threading.Thread):
     """Plays the EMR cluster: finishes every added step in order, as its stage would. `failures`
     maps a stage to how many of its steps fail, each leaving its error in the run folder as the
     stage does (bad input when `bad_input`); a completed step writes its stage's marker. The steps
     of the stages in `hanging` run forever, and those in `timed_out` end as their time limit ends
     them. With `ends_with`, the cluster ends with that reason once
-    it has a step, or, with `ends_after` too, once that stage's step has completed."""
+    it has a step, or, with `ends_after` too, once that stage's step has completed. A cluster that
+    is STARTING (see `starting_clusters`) is WAITING `start_s` seconds after it is first seen (never
+    with None), or ends then as a failed bootstrap does with `bootstrap_error` as EMR's reason."""
 
     def __init__(
         self,
@@ -137,8 +170,11 @@ class Cluster(threading.Thread):
         ends_with: str | None = None,
         ends_after: str | None = None,
         timed_out=(),
+        start_s: float | None = 0,
+        bootstrap_error: str | None = None,
     ):
         super().__init__(daemon=True)
+        self.start_s, self.bootstrap_error, self.first_seen = start_s, bootstrap_error, {}
         self.s3, self.failures, self.bad_input, self.hanging = s3, dict(failures or {}), bad_input, hanging
         self.timed_out = timed_out
         self.slow_train, self.train_started, self.ends_with, self.ends_after = slow_train, None, ends_with, ends_after
@@ -149,9 +185,10 @@ class Cluster(threading.Thread):
         backend = emr_backends[DEFAULT_ACCOUNT_ID][REGION]
         while not self.stop.is_set():
             for cluster in list(backend.clusters.values()):
+                self.start_up(cluster)
                 if self.ends_with and cluster.steps and cluster.state not in ("TERMINATED", "TERMINATED_WITH_ERRORS"):
                     if self.ends_after is None:
-                        self.end(cluster)
+                        self.end(cluster, self.ends_with)
                     elif self.ends_after in self.finished:
                         cluster.state, cluster.last_state_change_reason = "TERMINATED", self.ends_with
                 for step in cluster.steps:
@@ -159,9 +196,20 @@ class Cluster(threading.Thread):
                         self.finish(step)
             time.sleep(0.05)
 
-    def end(self, cluster) -> None:
+    def start_up(self, cluster) -> None:
+        if cluster.state != "STARTING":
+            return
+        seen = self.first_seen.setdefault(cluster.id, time.monotonic())
+        if self.start_s is None or time.monotonic() - seen < self.start_s:
+            return
+        if self.bootstrap_error:
+            self.end(cluster, self.bootstrap_error)
+        else:
+            cluster.state, cluster.ready_datetime = "WAITING", datetime.now(timezone.utc)
+
+    def end(self, cluster, reason: str) -> None:
         """What EMR does to a cluster whose bootstrap fails: it ends, and its steps are cancelled."""
-        cluster.state, cluster.last_state_change_reason = "TERMINATED_WITH_ERRORS", self.ends_with
+        cluster.state, cluster.last_state_change_reason = "TERMINATED_WITH_ERRORS", reason
         for step in cluster.steps:
             step.state = "CANCELLED"
 
@@ -228,13 +276,21 @@ def run_dag(
     ends_after=None,
     form: dict | None = None,
     timed_out=(),
+    start_s: float | None = 0,
+    bootstrap_error: str | None = None,
+    startup_timeout_s=None,
 ):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
+    if startup_timeout_s:
+        dag.get_task("wait_for_cluster").timeout = startup_timeout_s
     for task_id in (*STAGE_NAMES, "terminate_cluster"):
         dag.get_task(task_id).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
     for stage_name in hanging if time_limit_s else ():  # only theirs: the others finish at any machine load
         dag.get_task(stage_name).timeout = time_limit_s
-    with Cluster(aws["s3"], failures, bad_input, hanging, slow_train, ends_with, ends_after, timed_out) as cluster:
+    played = Cluster(
+        aws["s3"], failures, bad_input, hanging, slow_train, ends_with, ends_after, timed_out, start_s, bootstrap_error
+    )
+    with played as cluster:
         dag_run = dag.test(run_conf=form)
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     return dag_run, states, cluster.finished
@@ -465,13 +521,107 @@ def test_a_step_out_of_time_fails_its_task_without_a_retry(airflow_db, aws, capf
 def test_a_step_its_own_time_limit_ended_fails_its_task_without_a_retry(airflow_db, aws, capfd):
     """Each step runs under `timeout`, so the cluster's cost stays bounded without Airflow."""
     dag_run, states, finished = run_dag(aws, timed_out={"window"})
-    limit = emr.sensor_limits("window", load_config(overrides=OVERRIDES))["timeout"]
+    limit = emr.step_limit_seconds("window", load_config(overrides=OVERRIDES))
     assert "window: step s-" in (logged := "".join(capfd.readouterr()))
     assert f"ran out of its time limit ({limit:,} s)" in logged
 
     assert dag_run.state == "failed" and states["window"] == "failed"
     assert (dag_run.get_task_instance("window").try_number, states["terminate_cluster"]) == (1, "success")
     assert finished == ["tokenize", "window"]
+
+
+def test_the_first_step_is_added_once_the_cluster_has_started_and_bootstrapped(
+    airflow_db, aws, starting_clusters, capfd
+):
+    dag_run, states, finished = run_dag(aws, start_s=3)
+
+    assert dag_run.state == "success" and finished == list(STAGE_NAMES), states
+    cluster = only_cluster(aws)
+    assert f"cluster {cluster['Id']} is STARTING" in "".join(capfd.readouterr())  # wait_for_cluster waited
+    assert starting_clusters[0] == "WAITING" and set(starting_clusters) <= set(emr_tasks.READY_STATES)
+    assert len(starting_clusters) == len(STAGE_NAMES)
+    first = aws["emr"].list_steps(ClusterId=cluster["Id"])["Steps"][-1]
+    assert first["Name"] == STAGE_NAMES[0]
+    assert first["Status"]["Timeline"]["CreationDateTime"] >= cluster["Status"]["Timeline"]["ReadyDateTime"]
+
+
+def test_a_cluster_not_started_within_its_allowance_fails_naming_the_setting_and_is_terminated(
+    airflow_db, aws, starting_clusters, capfd
+):
+    dag_run, states, finished = run_dag(aws, start_s=None, startup_timeout_s=3)
+
+    (cluster_id,) = emr_backend().clusters
+    logged = "".join(capfd.readouterr())
+    assert (
+        f"AirflowSensorTimeout: cluster {cluster_id} did not start and bootstrap (WAITING) within "
+        "emr.startup_timeout_minutes (0.05 min); terminate_cluster ends it" in logged
+    )
+    assert dag_run.state == "failed" and states["wait_for_cluster"] == "failed", states
+    assert dag_run.get_task_instance("wait_for_cluster").try_number == 1
+    assert states[STAGE_NAMES[0]] == "upstream_failed" and starting_clusters == [] and finished == []
+    assert states["terminate_cluster"] == "success"
+    assert emr_backend().clusters[cluster_id].state == "TERMINATED"
+
+
+def test_a_failed_bootstrap_fails_the_wait_at_once_with_emrs_reason_and_the_cluster_is_terminated(
+    airflow_db, aws, starting_clusters, capfd
+):
+    reason = "On the master instance (i-0abc), bootstrap action 1 returned a non-zero return code"
+    dag_run, states, finished = run_dag(aws, start_s=1, bootstrap_error=reason)
+
+    cluster_id = only_cluster(aws)["Id"]
+    logged = "".join(capfd.readouterr())
+    assert f"AirflowFailException: cluster {cluster_id} ended (TERMINATED_WITH_ERRORS): {reason}" in logged
+    assert f"(bootstrap logs: s3://gpt-pipeline/emr-logs/{cluster_id}/node/*/bootstrap-actions/)" in logged
+    assert dag_run.state == "failed" and states["wait_for_cluster"] == "failed", states
+    assert dag_run.get_task_instance("wait_for_cluster").try_number == 1  # no retry: the cluster is gone
+    assert starting_clusters == [] and states["terminate_cluster"] == "success"
+
+
+def test_a_create_that_fails_after_emr_made_the_cluster_terminates_it(airflow_db, aws, monkeypatch, capfd):
+    """The provider's create operator describes the new cluster for its console links: a refused
+    DescribeCluster fails the task with the cluster up, and a failed setup gets no teardown."""
+
+    def refused(self):
+        raise JsonRESTError(
+            "AccessDeniedException", "User is not authorized to perform: elasticmapreduce:DescribeCluster"
+        )
+
+    monkeypatch.setattr(ElasticMapReduceResponse, "describe_cluster", refused)
+    dag_run, states, finished = run_dag(aws)
+
+    ((cluster_id, cluster),) = emr_backend().clusters.items()
+    assert cluster.state == "TERMINATED"
+    logged = "".join(capfd.readouterr())
+    assert f"AirflowFailException: cluster {cluster_id} was created, then ClientError: " in logged
+    assert "elasticmapreduce:DescribeCluster; it was terminated" in logged
+    assert dag_run.state == "failed" and states["create_cluster"] == "failed", states
+    assert states["wait_for_cluster"] == "upstream_failed" and finished == []
+
+
+def create_operator(aws, **kwargs) -> emr_tasks.EmrCreateClusterOperator:
+    request = emr.job_flow_overrides(load_config(overrides=OVERRIDES), "run-1")
+    return emr_tasks.EmrCreateClusterOperator(
+        task_id="create_cluster", job_flow_overrides=request, emr_conn_id=None, region_name=REGION, **kwargs
+    )
+
+
+def test_a_create_whose_waiter_fails_terminates_its_cluster(aws, starting_clusters):
+    operator = create_operator(aws, wait_for_completion=True, waiter_delay=1, waiter_max_attempts=2)
+    with pytest.raises(AirflowFailException, match=r"cluster j-\w+ was created, then WaiterError: .*it was terminated"):
+        operator.execute({"ti": MagicMock()})  # only the console links use the task instance
+
+    ((cluster_id, cluster),) = emr_backend().clusters.items()
+    assert cluster_id == operator._job_flow_id and cluster.state == "TERMINATED"
+
+
+def test_a_killed_create_terminates_its_cluster(aws):
+    operator = create_operator(aws)
+    cluster_id = operator.execute({"ti": MagicMock()})
+    assert emr_backend().clusters[cluster_id].state == "WAITING"
+    operator.on_kill()
+    assert emr_backend().clusters[cluster_id].state == "TERMINATED"
+    create_operator(aws).on_kill()  # killed before RunJobFlow returned: nothing to terminate
 
 
 def test_a_corpus_too_small_for_a_window_fails_before_any_cluster_exists(airflow_db, aws, capfd):
@@ -546,5 +696,11 @@ def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr
         assert sensor.retries == emr.STEP_RETRIES == 1
     assert dag.get_task("train").timeout > dag.get_task("window").timeout
     assert dag.get_task("create_cluster").retries == 0
+    wait = dag.get_task("wait_for_cluster")
+    startup = emr.startup_limits(config)
+    assert (float(wait.timeout), wait.poke_interval, wait.mode) == (startup["timeout"], 1, "reschedule")
+    assert (
+        "create_cluster" in wait.upstream_task_ids and "wait_for_cluster" in dag.get_task("tokenize").upstream_task_ids
+    )
     terminate = dag.get_task("terminate_cluster")
     assert terminate.is_teardown and terminate.upstream_task_ids == {"create_cluster", "collect"}

@@ -98,7 +98,7 @@ def test_the_emr_dag_parses_and_builds_its_cluster_and_steps_without_spark_or_te
         from spark_jobs.lib.stages import STAGE_NAMES
 
         dag = dagbag.dags["gpt_pipeline"]
-        cluster = {"create_cluster", *STAGE_NAMES, "terminate_cluster"}
+        cluster = {"create_cluster", "wait_for_cluster", *STAGE_NAMES, "terminate_cluster"}
         assert set(dag.task_ids) == {"validate_config", *cluster, "collect", "promote", "prune_runs"}, dag.task_ids
         assert dag.get_task("terminate_cluster").is_teardown
 
@@ -111,6 +111,7 @@ def test_the_emr_dag_parses_and_builds_its_cluster_and_steps_without_spark_or_te
             step = emr.stage_step(stage, config, "run-1")
             assert step["HadoopJarStep"]["Args"], step
             assert emr.sensor_limits(stage, config)["timeout"] > 0
+        assert emr.startup_limits(config)["timeout"] > 0
         emr.check_sensor_limits(config, config)
         hourly, hours = emr.check_budget(config, config)
         assert hourly > 0 and hours > 0

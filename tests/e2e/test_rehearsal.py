@@ -160,6 +160,11 @@ def test_the_steps_ran_the_dags_arguments_against_the_rehearsal_master(rehearsed
         assert "rehearsal: --master yarn -> spark://127.0.0.1:" in rehearsed["logs"][step["Name"]]
 
 
+def test_the_first_step_was_added_once_the_cluster_had_started_and_bootstrapped(rehearsed):
+    ready = rehearsed["cluster"]["Status"]["Timeline"]["ReadyDateTime"]
+    assert rehearsed["steps"][0]["Status"]["Timeline"]["CreationDateTime"] >= ready
+
+
 def test_the_cluster_ends_terminated(rehearsed):
     assert rehearsed["cluster"]["Status"]["State"] == "TERMINATED"
 

@@ -166,7 +166,7 @@ def test_steps_run_each_stage_with_spark_submit_on_yarn():
         args = step["HadoopJarStep"]["Args"]
         assert step["Name"] == stage and step["HadoopJarStep"]["Jar"] == "command-runner.jar"
         # The step ends itself at its task's time limit (coreutils' timeout), whether or not Airflow is there.
-        limit = emr.sensor_limits(stage, config)["timeout"]
+        limit = emr.step_limit_seconds(stage, config)
         assert args[:3] == ["timeout", "--kill-after=60", str(limit)] and emr.step_time_limit(step) == limit
         args = args[3:]
         assert args[:5] == ["spark-submit", "--master", "yarn", "--deploy-mode", "client"]
@@ -278,13 +278,31 @@ def test_preprocessing_executors_leave_their_python_workers_the_nodes_memory():
     assert not any(arg.startswith("spark.executor.memoryOverhead") for arg in generate)
 
 
-def test_train_sensor_limit_follows_the_training_budget():
+def test_train_step_limit_follows_the_training_budget():
     short, long = emr_config("train.max_steps=200"), emr_config("train.max_steps=20000", "emr.poke_interval_seconds=30")
-    assert emr.sensor_limits("window", short)["timeout"] == short.emr.step_timeout_minutes * 60
-    short_train, long_train = emr.sensor_limits("train", short), emr.sensor_limits("train", long)
+    assert emr.step_limit_seconds("window", short) == short.emr.step_timeout_minutes * 60
+    short_train, long_train = emr.step_limit_seconds("train", short), emr.step_limit_seconds("train", long)
     budget = emr.train_budget_steps(long) * long.emr.train_seconds_per_step
-    assert long_train["timeout"] == long.emr.step_timeout_minutes * 60 + budget
-    assert long_train["timeout"] > 10 * 3600 > short_train["timeout"]
+    assert long_train == long.emr.step_timeout_minutes * 60 + budget
+    assert long_train > 10 * 3600 > short_train
+
+
+@pytest.mark.parametrize("stage", STAGE_NAMES)
+def test_a_stage_sensor_waits_for_its_step_to_start_run_out_of_time_be_killed_and_be_seen(stage):
+    """The sensor's clock starts before its step runs, so it outlasts the step's own limit: a
+    step out of time is seen to fail (with its reason) before the sensor gives up."""
+    config = emr_config("emr.poke_interval_seconds=45")
+    limits = emr.sensor_limits(stage, config)
+    assert limits["poke_interval"] == 45
+    assert limits["timeout"] == emr.step_limit_seconds(stage, config) + emr.STEP_KILL_AFTER_SECONDS + 2 * 45
+
+
+def test_cluster_start_up_has_its_own_allowance_counted_in_the_clusters_longest_life():
+    short, long = emr_config("emr.startup_timeout_minutes=10"), emr_config("emr.startup_timeout_minutes=70")
+    assert emr.startup_limits(long) == {"timeout": 70 * 60, "poke_interval": long.emr.poke_interval_seconds}
+    assert emr.max_cluster_hours(long) == pytest.approx(emr.max_cluster_hours(short) + 1, abs=0.01)
+    # no step's limit counts it
+    assert emr.step_limit_seconds("tokenize", long) == emr.step_limit_seconds("tokenize", short)
 
 
 def test_a_run_needing_longer_than_the_dags_sensors_is_stopped():

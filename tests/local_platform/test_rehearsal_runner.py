@@ -140,6 +140,9 @@ def test_steps_run_in_order_with_their_exit_status_and_logs_and_the_cluster_term
     with EmrRehearsalRunner(s3_client, {"AWS_ENDPOINT_URL": moto}, REGION) as runner:
         s3, client, cluster_id = run_cluster(moto, b"#!/bin/bash\necho ok\n")
         assert state(client, cluster_id)["State"] in ("STARTING", "BOOTSTRAPPING", "WAITING")
+        wait_for(lambda: state(client, cluster_id)["State"] == "WAITING")  # as wait_for_cluster does
+        timeline = state(client, cluster_id)["Timeline"]
+        assert timeline["CreationDateTime"] <= timeline["ReadyDateTime"]  # what no step's time limit counts
         steps = [
             {
                 "Name": "first",
