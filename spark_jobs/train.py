@@ -6,8 +6,8 @@ MultiWorkerMirroredStrategy. If any worker fails, Spark retries the whole barrie
 workers resume from the last training-state backup in the run folder; a failure that a retry
 would repeat (a diverging loss) fails the stage at once.
 
-Reads tfrecords/, embeddings/, tokenizer/; writes model/, stats/epochs.csv and stats/train.json,
-and keeps checkpoints/ (its backups) until the stage is complete.
+Reads tfrecords/, embeddings/, tokenizer/; writes model/, stats/epochs.csv, stats/train.json and
+tensorboard/ (the chief's), and keeps checkpoints/ (its backups) until the stage is complete.
 """
 
 from __future__ import annotations
