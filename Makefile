@@ -8,6 +8,8 @@ BIN := $(VENV)/bin
 CORPUS ?=
 SET ?=
 ARGS ?=
+# What `make tensorboard` shows: a run folder, or the folder of every run.
+RUN ?= lake/runs
 # Through the environment, not pasted into the command line, so that quotes, spaces and `#` in
 # them reach the run command as typed; the run command splits SET into words as a shell would.
 # $(value): as typed, `$` too, which make would otherwise expand (`$5` to nothing, `$(shell …)` run).
@@ -15,7 +17,7 @@ override CORPUS := $(value CORPUS)
 override SET := $(value SET)
 export CORPUS SET
 
-.PHONY: help run rehearse airflow test venv browser lock clean
+.PHONY: help run rehearse airflow tensorboard test venv browser lock clean
 .DEFAULT_GOAL := help
 
 help:
@@ -23,6 +25,7 @@ help:
 	@echo "make rehearse the DAG with target emr on this machine: moto's EMR and S3, a Spark standalone cluster (docs/rehearsal.md)"
 	@echo "make test     the test suite"
 	@echo "make airflow  Airflow with its UI on http://127.0.0.1:8080, to trigger and watch runs"
+	@echo "make tensorboard  TensorBoard on http://127.0.0.1:6006 for every run in lake/runs, or RUN=lake/runs/<run id>"
 	@echo "make clean    remove Airflow's home, build and test leftovers (lake/, the runs, stays)"
 	@echo "make lock     re-pin requirements.txt from requirements.in"
 
@@ -49,6 +52,10 @@ rehearse: venv
 # Airflow standalone (UI on http://127.0.0.1:8080) with the DAG and a moto S3 server; Ctrl-C stops it.
 airflow: venv
 	$(BIN)/python -m local_platform.airflow_runner ui
+
+# TensorBoard over the runs' tensorboard/ folders (docs/training.md#tensorboard); Ctrl-C stops it.
+tensorboard: venv
+	$(BIN)/tensorboard --logdir "$(RUN)" --host 127.0.0.1 --port 6006
 
 # The UI test (tests/e2e/test_ui_trigger.py) drives Debian's Chromium through chromium-driver;
 # installed with apt-get when missing (CI runs as root), so nothing downloads a browser.

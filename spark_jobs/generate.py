@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spark_jobs.lib import bpe, lake, run_folder, sampling
+from spark_jobs.lib import bpe, lake, run_folder, sampling, tensorboard_log
 from spark_jobs.lib.config import GenerateConfig, PipelineConfig, to_uri
 from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError
@@ -143,15 +143,17 @@ def samples(model, tokenizer, settings: GenerateConfig, window_slide: int = 1) -
 
 
 def generate_stage(spark, config: PipelineConfig, run: str) -> dict:
-    run_folder.require_stage(run, "train")
+    trained = run_folder.require_stage(run, "train")
     started = time.perf_counter()
     model, tokenizer = load_model(lake.join(run, run_folder.MODEL_FOLDER))
     loaded = time.perf_counter()
     ids, new = generate_ids(model, tokenizer, config.generate)
     generated = time.perf_counter()
-    text = SAMPLE_SEPARATOR.join(tokenizer.decode(ids + tokens) for tokens in new)
+    texts = [tokenizer.decode(ids + tokens) for tokens in new]
+    text = SAMPLE_SEPARATOR.join(texts)
     tokens = sum(len(tokens) for tokens in new)
     lake.write_text(lake.join(run, run_folder.SAMPLES_PATH), text + "\n")
+    tensorboard_log.write_samples(run, trained["steps"], texts)  # beside the training's curves, at its last step
     print(text, flush=True)
     return {
         "prompt": config.generate.prompt,

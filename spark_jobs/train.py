@@ -6,8 +6,8 @@ stop there when two share a node), builds TF_CONFIG from them and runs one train
 the whole barrier stage and the workers resume from the last training-state backup in the run
 folder; a failure that a retry would repeat (a diverging loss) fails the stage at once.
 
-Reads tfrecords/, embeddings/, tokenizer/; writes model/, stats/epochs.csv and stats/train.json,
-and keeps checkpoints/ (its backups) until the stage is complete.
+Reads tfrecords/, embeddings/, tokenizer/; writes model/, stats/epochs.csv, stats/train.json and
+tensorboard/ (the chief's), and keeps checkpoints/ (its backups) until the stage is complete.
 """
 
 from __future__ import annotations

@@ -53,6 +53,8 @@ MODEL_FILE = "model.keras"  # in the model folder
 MODEL_TOKENIZER_FILE = "tokenizer.json"  # in the model folder
 # generate's: prompt and continuation.
 SAMPLES_PATH = "samples.txt"
+# TensorBoard's event files: train's scalars (the chief's) and generate's samples (spark_jobs.lib.tensorboard_log).
+TENSORBOARD_FOLDER = "tensorboard"
 # The run's report, written by the collect task once every stage has completed.
 REPORT_JSON = "report.json"
 REPORT_TEXT = "report.md"

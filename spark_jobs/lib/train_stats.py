@@ -40,6 +40,11 @@ EPOCH_COLUMNS = (
 MB = 1024 * 1024
 
 
+def peak_rss_mb() -> float:
+    """The process's peak resident memory so far (ru_maxrss is in kB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def nats_per_char(loss_per_token: float, tokens: int, chars: int) -> float:
     """Per-character loss, comparable across tokenizers: a token covers tokens/chars of a character."""
     return loss_per_token * tokens / chars
@@ -125,8 +130,7 @@ class IntervalStats:
             else None,
             "process_memory_used_mb": memory.rss / MB,
             "process_memory_total_mb": memory.vms / MB,
-            # ru_maxrss is in kB on Linux.
-            "process_memory_max_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "process_memory_max_mb": peak_rss_mb(),
             "process_cpu_load": self.process.cpu_percent() / 100 / psutil.cpu_count(),
             "system_cpu_load": psutil.cpu_percent() / 100,
             "workers": workers,

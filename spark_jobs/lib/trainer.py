@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from spark_jobs.lib import embeddings, lake, log, memory, run_folder, train_data, train_state
+from spark_jobs.lib import embeddings, lake, log, memory, run_folder, tensorboard_log, train_data, train_state
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.stage import load_run_config
@@ -126,6 +126,7 @@ class Worker:
             self.warn(str(ignored))
         self.start_step = backup["step"] if backup else 0
         self.rows = backup["rows"] if backup else []
+        self.board = tensorboard_log.TrainingLog(run, resumed=backup is not None) if self.is_chief else None
         windows = sum(self.manifest["splits"][split]["windows"] for split in SPLITS) // self.workers
         self.in_memory = train_data.keep_in_memory(windows, self.block_size, self.memory_room_bytes())
         if not self.in_memory and self.is_chief:
@@ -244,18 +245,23 @@ class Worker:
             started = time.perf_counter()
             loss, accuracy, norm = (float(value) for value in self.train_step())
             seconds = time.perf_counter() - started
-            stats.add_step(loss, accuracy, norm, seconds if times.add(seconds) else None)
+            timed = seconds if times.add(seconds) else None
+            stats.add_step(loss, accuracy, norm, timed)
             if not math.isfinite(loss):  # the same on every worker: the loss is all-reduced
                 raise PipelineError(f"training loss became {loss} at step {step}; lower train.learning_rate")
+            if self.board:
+                self.board.add_step(norm, timed)
             if self.is_chief and (step % train.log_interval == 0 or step == train.max_steps):
                 rate = self.tokens_per_step / seconds
                 logger.info("step %d/%d loss %.4f %s tokens/s", step, train.max_steps, loss, f"{rate:,.0f}")
                 self.report_progress(step, loss, rate, times.per_step() or seconds)
+                self.board.progress(step, loss, float(self.schedule(step - 1)), self.tokens_per_step)
             last = step == train.max_steps
             if step % train.eval_interval == 0 or last:
                 self.record_interval(step, stats, time.perf_counter() - interval_started, last)
                 stats, interval_started = IntervalStats(), time.perf_counter()
             if step % train.checkpoint_interval == 0 and not last and self.is_chief:
+                self.board.events.upload()  # first: a run resumed from the backup has its log up to it
                 train_state.save_backup(self.run, step, self.model, self.optimizer, self.rows, self.identity)
         return self.summary(time.perf_counter() - loop_started, times)
 
@@ -301,6 +307,7 @@ class Worker:
         )
         self.rows.append(row)
         if self.is_chief:
+            self.board.validation(row)
             rate = row["tokens_per_s"]  # None after the compiling step alone
             logger.info(
                 "step %d: val loss %.4f, %.4f nats/char%s",
@@ -335,6 +342,8 @@ class Worker:
     def save(self) -> None:
         tokenizer = lake.read_bytes(lake.join(self.run, run_folder.TOKENIZER_PATH))
         train_state.save_model(self.run, self.model, tokenizer, self.is_chief)
+        if self.board:
+            self.board.events.close()
 
 
 def embedding_tables(config: PipelineConfig, run: str) -> tuple[np.ndarray | None, np.ndarray]:

@@ -18,7 +18,7 @@ import pytest
 
 from local_platform.airflow_runner import AIRFLOW, DAG_ID, prepare
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib import lake, run_folder
+from spark_jobs.lib import lake, run_folder, tensorboard_log
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.stages import STAGE_NAMES
@@ -193,7 +193,7 @@ def test_validate_config_logs_the_settings_the_form_changed(collected_run):
 
 
 @pytest.mark.slow
-def test_the_record_on_s3_holds_config_stats_model_samples_and_report(collected_run):
+def test_the_record_on_s3_holds_config_stats_model_samples_tensorboard_and_report(collected_run):
     expected = {
         run_folder.CONFIG_FILE,
         run_folder.SAMPLES_PATH,
@@ -203,6 +203,9 @@ def test_the_record_on_s3_holds_config_stats_model_samples_and_report(collected_
     }
     assert expected | {run_folder.stats_path(stage) for stage in STAGE_NAMES} <= collected_run.keys
     assert any(key.startswith(f"{run_folder.MODEL_FOLDER}/") for key in collected_run.keys)
+    # TensorBoard's: the training's event file and generate's.
+    events = [key for key in collected_run.keys if key.startswith(f"{run_folder.TENSORBOARD_FOLDER}/events.out.")]
+    assert len(events) == 2 and len([key for key in events if key.endswith(tensorboard_log.SAMPLES_SUFFIX)]) == 1
     config = json.loads(collected_run.read(run_folder.CONFIG_FILE))
     assert config["train"]["max_steps"] == 40 and config["corpus"] == [f"file://{collected_run.corpus}"]
 

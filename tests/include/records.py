@@ -56,6 +56,8 @@ def run_files(config_json: str, nats_per_char: float = 0.9) -> dict[str, bytes]:
         f"{run_folder.MODEL_FOLDER}/{run_folder.MODEL_FILE}": b"\x00model bytes\xff",
         f"{run_folder.MODEL_FOLDER}/{run_folder.MODEL_TOKENIZER_FILE}": b"{}",
         run_folder.SAMPLES_PATH: "The man starts with a sample".encode(),
+        f"{run_folder.TENSORBOARD_FOLDER}/events.out.tfevents.1.node.7.0.v2": b"\x18training events",
+        f"{run_folder.TENSORBOARD_FOLDER}/events.out.tfevents.2.node.9.0.samples.v2": b"\x18sample events",
         f"{run_folder.TOKENS_FOLDER}/part-0.parquet": b"not part of the record",
     }
     return files

@@ -16,12 +16,13 @@ from tokenizers import ByteLevelBPETokenizer
 from local_platform.moto_s3 import LocalS3
 from spark_jobs import generate as generate_module
 from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, next_token, sample_texts, samples
-from spark_jobs.lib import bpe, run_folder, sampling
+from spark_jobs.lib import bpe, run_folder, sampling, tensorboard_log
 from spark_jobs.lib.config import REPO_ROOT, GenerateConfig
 from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
 from spark_jobs.lib.errors import PipelineError
 from spark_jobs.lib.model import build_decoder
 from spark_jobs.lib.overrides import apply_overrides
+from tests.spark_jobs.tensorboard_events import read_events
 
 
 def settings(**overrides) -> GenerateConfig:
@@ -221,14 +222,22 @@ def test_samples_of_a_batch_end_apart(model_dir, monkeypatch):
     ]
 
 
-def test_the_stage_records_how_long_generation_took(model_dir, tmp_path, monkeypatch):
+def test_the_stage_records_how_long_generation_took_and_logs_the_samples_for_tensorboard(
+    model_dir, tmp_path, monkeypatch
+):
     shutil.copytree(model_dir, tmp_path / "run" / run_folder.MODEL_FOLDER)
-    monkeypatch.setattr(run_folder, "require_stage", lambda *_: {})  # as if the train stage had completed
+    # As if the train stage had completed its 40 steps.
+    monkeypatch.setattr(run_folder, "require_stage", lambda *_: {"steps": 40})
     config = load_config(overrides={"generate": {"prompt": "ROMEO:", "max_new_tokens": 6, "num_samples": 2}})
-    stats = generate_module.generate_stage(None, config, (tmp_path / "run").as_uri())
+    run = (tmp_path / "run").as_uri()
+    stats = generate_module.generate_stage(None, config, run)
     written = (tmp_path / "run" / run_folder.SAMPLES_PATH).read_text()
     assert written.count("ROMEO:") == 2 and 0 < stats["generated_tokens"] <= 12
     assert stats["generation_s"] > 0 and stats["tokens_per_s"] > 0 and stats["timings"]["load_model"] > 0
+    # The same samples, at the training's last step.
+    [tags] = read_events(run).values()
+    samples = written.removesuffix("\n").split(SAMPLE_SEPARATOR)
+    assert tags == {tensorboard_log.SAMPLES: {40: tensorboard_log.samples_markdown(samples)}}
 
 
 def test_a_folder_without_a_model_is_named(tmp_path):

@@ -354,8 +354,9 @@ def test_the_run_folder_contract_names_the_documented_paths():
         "model.keras",
         "tokenizer.json",
     )
-    assert (run_folder.CONFIG_FILE, run_folder.SAMPLES_PATH, run_folder.REPORTS) == (
+    assert (run_folder.CONFIG_FILE, run_folder.SAMPLES_PATH, run_folder.REPORTS, run_folder.TENSORBOARD_FOLDER) == (
         "config.json",
         "samples.txt",
         ("report.json", "report.md"),
+        "tensorboard",
     )

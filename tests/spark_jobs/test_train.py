@@ -26,13 +26,14 @@ from include.spark_submit import package_code
 from local_platform.moto_s3 import LocalS3
 from local_platform.stage_runner import run_pipeline
 from spark_jobs.generate import load_model
-from spark_jobs.lib import lake, memory, run_folder
+from spark_jobs.lib import lake, memory, run_folder, tensorboard_log
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.stages import PREPROCESSING_STAGES
 from spark_jobs.lib.train_stats import EPOCH_COLUMNS
 from spark_jobs.lib.trainer import build_optimizer
 from tests.conftest import small_config
+from tests.spark_jobs.tensorboard_events import read_events
 
 pytestmark = pytest.mark.slow
 
@@ -138,12 +139,48 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
         lake.join(run, run_folder.MODEL_FOLDER, run_folder.MODEL_TOKENIZER_FILE),
     ]
     assert not lake.exists(lake.join(run, run_folder.BACKUP_FOLDER)), "backups are removed once the stage is complete"
+    check_tensorboard_log(run, rows, [float(schedule(step - 1)) for step in LOG_STEPS])
 
     submit_stage("generate", config, run, code)
     sample = lake.read_text(lake.join(run, run_folder.SAMPLES_PATH))
     assert sample.startswith(config.generate.prompt) and len(sample) > len(config.generate.prompt) + 5
     submit_stage("generate", config, run, code)
     assert lake.read_text(lake.join(run, run_folder.SAMPLES_PATH)) == sample
+    # Generating again replaced generate's event file: the training's and one text of the samples.
+    events = read_events(run)
+    [samples] = [tags[tensorboard_log.SAMPLES] for tags in events.values() if tensorboard_log.SAMPLES in tags]
+    assert len(events) == 2 and samples == {40: tensorboard_log.samples_markdown([sample.removesuffix("\n")])}
+
+
+LOG_STEPS = [10, 20, 30, 40]  # train.log_interval=10, train.max_steps=40
+
+
+def check_tensorboard_log(run: str, rows: list[dict], rates: list[float]) -> None:
+    """One event file, the chief's, with a point of every figure every log_interval steps and the
+    validation figures of stats/epochs.csv at its rows' steps."""
+    [tags] = read_events(run).values()
+    progress = (
+        tensorboard_log.TRAIN_LOSS,
+        tensorboard_log.LEARNING_RATE,
+        tensorboard_log.GRAD_NORM_MEAN,
+        tensorboard_log.GRAD_NORM_MAX,
+        tensorboard_log.TOKENS_PER_S,
+        tensorboard_log.MEMORY_RSS,
+        tensorboard_log.MEMORY_PEAK,
+    )
+    assert {tag: sorted(tags[tag]) for tag in progress} == {tag: LOG_STEPS for tag in progress}
+    assert all(value > 0 for tag in progress for value in tags[tag].values())
+    assert [tags[tensorboard_log.LEARNING_RATE][step] for step in LOG_STEPS] == pytest.approx(rates, rel=1e-6)
+    for column, tag in (
+        ("val_loss", tensorboard_log.VAL_LOSS),
+        ("val_nats_per_char", tensorboard_log.VAL_NATS_PER_CHAR),
+    ):
+        assert tags[tag] == pytest.approx({int(row["step"]): float(row[column]) for row in rows}, rel=1e-5)
+    # Steps 1-20 are the first row's: the largest gradient norm of its two points is the row's.
+    first_max = max(tags[tensorboard_log.GRAD_NORM_MAX][step] for step in (10, 20))
+    assert first_max == pytest.approx(float(rows[0]["grad_norm_max"]), rel=1e-5)
+    mean = np.mean([tags[tensorboard_log.GRAD_NORM_MEAN][step] for step in (10, 20)])
+    assert mean == pytest.approx(float(rows[0]["grad_norm_mean"]), rel=1e-5)
 
 
 def whole_split_loss(run: str) -> float:
@@ -205,6 +242,10 @@ def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup
     assert [int(row["step"]) for row in rows] == [100, 200, 300, 400, 500, 600]
     resumed = [int(row["resumed_from_step"]) for row in rows]
     assert resumed[0] == 0 and resumed[-1] == stats["resumed_from_step"]
+    # TensorBoard: the first attempt's event file, uploaded up to its backup, and the retry's.
+    first, retry = (tags[tensorboard_log.TRAIN_LOSS] for _, tags in sorted(read_events(run).items()))
+    assert max(first) >= stats["resumed_from_step"] and min(retry) == stats["resumed_from_step"] + 10
+    assert set(first) | set(retry) == set(range(10, 601, 10))
     assert lake.exists(lake.join(run, run_folder.MODEL_FOLDER, run_folder.MODEL_FILE))
     assert not training_processes(run)
 
@@ -299,6 +340,8 @@ def test_a_worker_trains_from_an_s3_run_folder(prepared, monkeypatch, tmp_path):
         # The worker leaves its backup: until the stage's driver marks the stage complete, a failure
         # (another worker's, or the driver's) must resume from it rather than from step 0.
         assert lake.exists(lake.join(s3_run, run_folder.BACKUP_PATH))
+        [tags] = read_events(s3_run).values()
+        assert sorted(tags[tensorboard_log.TRAIN_LOSS]) == [10] and sorted(tags[tensorboard_log.VAL_LOSS]) == [10]
         model, tokenizer = load_model(lake.join(s3_run, run_folder.MODEL_FOLDER))
         assert model.get_layer("embedding").vocab_size == tokenizer.get_vocab_size()
 
@@ -306,6 +349,12 @@ def test_a_worker_trains_from_an_s3_run_folder(prepared, monkeypatch, tmp_path):
         more_often = load_config(overrides=[config.model_dump(), "train.log_interval=1", "train.eval_interval=2"])
         result = run_worker(s3_run, more_often, tmp_path)
         assert (result["resumed_from_step"], result["steps"], result["warnings"]) == (5, 5, [])
+        # The resumed training adds its own event file: TensorBoard shows both (step 10 twice here, as
+        # the first training went on past its backup).
+        first, resumed = (tags for _, tags in sorted(read_events(s3_run).items()))
+        assert sorted(first[tensorboard_log.TRAIN_LOSS]) == [10]
+        assert sorted(resumed[tensorboard_log.TRAIN_LOSS]) == [6, 7, 8, 9, 10]
+        assert sorted(resumed[tensorboard_log.VAL_LOSS]) == [6, 8, 10]
 
 
 def run_worker(run: str, config, tmp_path: Path) -> dict:
