@@ -15,7 +15,7 @@ override CORPUS := $(value CORPUS)
 override SET := $(value SET)
 export CORPUS SET
 
-.PHONY: help run rehearse airflow test venv browser lock clean
+.PHONY: help run rehearse airflow wheelhouse test venv browser lock clean
 .DEFAULT_GOAL := help
 
 help:
@@ -23,6 +23,7 @@ help:
 	@echo "make rehearse the DAG with target emr on this machine: moto's EMR and S3, a Spark standalone cluster (docs/rehearsal.md)"
 	@echo "make test     the test suite"
 	@echo "make airflow  Airflow with its UI on http://127.0.0.1:8080, to trigger and watch runs"
+	@echo "make wheelhouse the EMR nodes' Python wheels, built with pip download and uploaded to emr.code_prefix (docs/emr.md); ARGS='--no-upload ...'"
 	@echo "make clean    remove Airflow's home, build and test leftovers (lake/, the runs, stays)"
 	@echo "make lock     re-pin requirements.txt from requirements.in"
 
@@ -49,6 +50,11 @@ rehearse: venv
 # Airflow standalone (UI on http://127.0.0.1:8080) with the DAG and a moto S3 server; Ctrl-C stops it.
 airflow: venv
 	$(BIN)/python -m local_platform.airflow_runner ui
+
+# The EMR nodes' wheelhouse: pip download here, uploaded to s3://{emr.code_prefix}/wheelhouse/{hash}/
+# with this machine's AWS credentials (the DAG's prepare task also builds a missing one).
+wheelhouse: venv
+	$(BIN)/python -m include.wheelhouse build $(ARGS)
 
 # The UI test (tests/e2e/test_ui_trigger.py) drives Debian's Chromium through chromium-driver;
 # installed with apt-get when missing (CI runs as root), so nothing downloads a browser.

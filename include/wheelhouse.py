@@ -95,6 +95,11 @@ def upload(wheels: list[Path], uri: str, s3_client) -> None:
         "built": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wheels": {wheel.name: wheel.stat().st_size for wheel in wheels},
     }
+    write_manifest(manifest, uri, s3_client)
+
+
+def write_manifest(manifest: dict, uri: str, s3_client) -> None:
+    """What makes the wheelhouse at `uri` complete."""
     bucket, key = split_s3_uri(lake.join(uri, MANIFEST))
     s3_client.put_object(Bucket=bucket, Key=key, Body=json.dumps(manifest, indent=1).encode("utf-8"))
 
