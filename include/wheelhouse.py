@@ -104,7 +104,7 @@ def write_manifest(manifest: dict, uri: str, s3_client) -> None:
     s3_client.put_object(Bucket=bucket, Key=key, Body=json.dumps(manifest, indent=1).encode("utf-8"))
 
 
-def ensure(config: PipelineConfig, s3_client, find_links: Path | None = None) -> str:
+def ensure(config: PipelineConfig, s3_client) -> str:
     """The run's wheelhouse on S3, built and uploaded first when it is not there (a changed
     requirements file, a new code_prefix). Returns its URI."""
     uri = emr.wheelhouse_uri(config.emr.code_prefix)
@@ -114,7 +114,7 @@ def ensure(config: PipelineConfig, s3_client, find_links: Path | None = None) ->
     log.info("wheelhouse %s missing: building it with pip download (once per requirements hash)", uri)
     with tempfile.TemporaryDirectory(prefix="gpt-pipeline-wheelhouse-") as folder:
         try:
-            wheels = build(Path(folder), find_links=find_links)
+            wheels = build(Path(folder))
         except PipelineError as error:
             raise PipelineError(
                 f"{error}; the EMR nodes install from {uri}: build it with `{emr.WHEELHOUSE_BUILD_COMMAND}` where PyPI "

@@ -131,6 +131,16 @@ def test_pip_download_asks_for_the_nodes_wheels():
     assert "--no-index" not in argv
 
 
+def test_the_build_command_downloads_from_the_index_it_is_given(wheels, tiny_requirements, tmp_path, capsys):
+    dest = tmp_path / "dest"
+    assert wheelhouse.main(["build", "--no-upload", "--find-links", str(wheels), "--dest", str(dest)]) == 0
+    assert sorted(path.name for path in dest.iterdir()) == ["tinya-1.0-py3-none-any.whl", "tinyb-1.0-py3-none-any.whl"]
+    assert "2 wheels" in capsys.readouterr().out
+    tiny_requirements[0].write_text("tinyc==2.0\n")
+    assert wheelhouse.main(["build", "--no-upload", "--find-links", str(wheels), "--dest", str(dest)]) == 2
+    assert "ERROR wheelhouse not built: pip download failed: " in capsys.readouterr().err
+
+
 # --- upload -----------------------------------------------------------------------------------
 
 
