@@ -14,7 +14,7 @@ code_uri="${1:?usage: bootstrap.sh CODE_URI VENV WHEELHOUSE_URI}"
 venv="${2:?usage: bootstrap.sh CODE_URI VENV WHEELHOUSE_URI}"
 wheelhouse="${3:?usage: bootstrap.sh CODE_URI VENV WHEELHOUSE_URI}"
 build="python -m include.wheelhouse build (or any run's prepare task, which builds a missing one)"
-min_free_mb=4000 # the wheels (~0.4 GB) and the environment (~1.8 GB), with room to spare
+min_free_mb=4000 # the wheels (~0.4 GB) and the environment (~1.9 GB), with room to spare
 
 fail() {
   echo "bootstrap: ERROR $*" >&2
