@@ -17,7 +17,7 @@ override CORPUS := $(value CORPUS)
 override SET := $(value SET)
 export CORPUS SET
 
-.PHONY: help run rehearse airflow tensorboard test venv browser lock clean
+.PHONY: help run rehearse airflow tensorboard wheelhouse test venv browser lock clean
 .DEFAULT_GOAL := help
 
 help:
@@ -26,6 +26,7 @@ help:
 	@echo "make test     the test suite"
 	@echo "make airflow  Airflow with its UI on http://127.0.0.1:8080, to trigger and watch runs"
 	@echo "make tensorboard  TensorBoard on http://127.0.0.1:6006 for every run in lake/runs, or RUN=lake/runs/<run id>"
+	@echo "make wheelhouse the EMR nodes' Python wheels, built with pip download and uploaded to emr.code_prefix (docs/emr.md); ARGS='--no-upload ...'"
 	@echo "make clean    remove Airflow's home, build and test leftovers (lake/, the runs, stays)"
 	@echo "make lock     re-pin requirements.txt from requirements.in"
 
@@ -56,6 +57,10 @@ airflow: venv
 # TensorBoard over the runs' tensorboard/ folders (docs/training.md#tensorboard); Ctrl-C stops it.
 tensorboard: venv
 	$(BIN)/tensorboard --logdir "$(RUN)" --host 127.0.0.1 --port 6006
+# The EMR nodes' wheelhouse: pip download here, uploaded to s3://{emr.code_prefix}/wheelhouse/{hash}/
+# with this machine's AWS credentials (the DAG's prepare task also builds a missing one).
+wheelhouse: venv
+	$(BIN)/python -m include.wheelhouse build $(ARGS)
 
 # The UI test (tests/e2e/test_ui_trigger.py) drives Debian's Chromium through chromium-driver;
 # installed with apt-get when missing (CI runs as root), so nothing downloads a browser.

@@ -3,14 +3,17 @@ stage and the step sensors' time limits. Plain functions of the config; include/
 turns them into Airflow tasks.
 
 A run's code lives in s3://{emr.code_prefix}/{run_id}/: the stage entry files and spark_jobs.zip
-(include/spark_submit.package_code), bootstrap.sh, and the Python requirements it installs.
+(include/spark_submit.package_code), bootstrap.sh, and the Python requirements it installs, from
+the wheels in s3://{emr.code_prefix}/wheelhouse/{requirements hash}/ (include/wheelhouse.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -30,6 +33,8 @@ RUN_FILES = {
     "requirements-jobs.txt": REPO_ROOT / "spark_jobs" / "requirements.txt",
     "constraints.txt": REPO_ROOT / "requirements.txt",
 }
+WHEELHOUSE_FOLDER = "wheelhouse"
+WHEELHOUSE_BUILD_COMMAND = "python -m include.wheelhouse build"
 MASTER = "yarn"
 # Client mode: the driver runs on the master node, so the core nodes are left whole for the
 # training executors, and the driver's output (the stage's "ERROR [stage] ..." line) is the
@@ -45,6 +50,25 @@ def read_template() -> dict:
 
 def code_uri(config: PipelineConfig, run_id: str) -> str:
     return lake.join(config.emr.code_prefix, run_folder.safe_run_id(run_id))
+
+
+def requirements_hash() -> str:
+    """What names a wheelhouse: a change to either requirements file needs another."""
+    digest = hashlib.sha256()
+    for path in requirement_files():
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def requirement_files() -> tuple[Path, Path]:
+    """The jobs' requirements and their constraints, the project's complete pins."""
+    return RUN_FILES["requirements-jobs.txt"], RUN_FILES["constraints.txt"]
+
+
+def wheelhouse_uri(code_prefix: str, digest: str | None = None) -> str:
+    """Where the nodes' wheels are: one folder per requirements hash, shared by the runs."""
+    return lake.join(code_prefix, WHEELHOUSE_FOLDER, digest or requirements_hash())
 
 
 def instance_type(config: PipelineConfig, field: str, template: dict | None = None) -> dict:
@@ -106,6 +130,7 @@ def job_flow_overrides(config: PipelineConfig, run_id: str) -> dict:
         "run_id": run_folder.safe_run_id(run_id),
         "code_uri": code_uri(config, run_id),
         "venv": template["venv"],
+        "wheelhouse_uri": wheelhouse_uri(config.emr.code_prefix),
         "core_market": "SPOT" if config.emr.core_spot else "ON_DEMAND",
         "core_ebs": core_ebs(config),
         "idle_timeout_seconds": config.emr.idle_timeout_minutes * 60,

@@ -4,14 +4,14 @@ with the amazon provider's EmrTerminateJobFlowOperator:
     validate_config (prepare) -> create_cluster -> wait_for_cluster -> tokenize -> ... -> generate
                                                                       -> collect -> terminate_cluster
 
-`prepare` checks and uploads the run and returns the cluster request and every stage's step.
-create_cluster (EmrCreateClusterOperator) terminates the cluster it made if it fails after EMR
-made it: a failed setup task's teardown does not run. wait_for_cluster (EmrClusterReadySensor)
-waits for the cluster to start and bootstrap, within its own allowance, so that no step's time
-limit counts it. Each stage is one EmrStageSensor task: it adds the stage's EMR step and waits for
-it, so that a retry runs the stage again. terminate_cluster is a teardown task: it runs whatever
-happened to the steps, and since Airflow leaves teardown tasks out of the run's state, a failed
-step still fails the run.
+`prepare` checks and uploads the run (building the nodes' wheelhouse first when it is missing) and
+returns the cluster request and every stage's step. create_cluster (EmrCreateClusterOperator)
+terminates the cluster it made if it fails after EMR made it: a failed setup task's teardown does
+not run. wait_for_cluster (EmrClusterReadySensor) waits for the cluster to start and bootstrap,
+within its own allowance, so that no step's time limit counts it. Each stage is one EmrStageSensor
+task: it adds the stage's EMR step and waits for it, so that a retry runs the stage again.
+terminate_cluster is a teardown task: it runs whatever happened to the steps, and since Airflow
+leaves teardown tasks out of the run's state, a failed step still fails the run.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from airflow.providers.amazon.aws.operators.emr import EmrCreateJobFlowOperator
 from airflow.providers.amazon.aws.sensors.emr import EmrJobFlowSensor, EmrStepSensor
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout, TaskDeferred
 
-from include import emr
+from include import emr, wheelhouse
 from include.record import RunFolder, check_bucket
 from spark_jobs.lib import memory, run_folder
 from spark_jobs.lib.config import PipelineConfig
@@ -55,6 +55,8 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> 
     s3 = S3Hook(aws_conn_id=config.emr.aws_conn_id)
     # Without it EMR would start the cluster and lose its logs.
     check_bucket(s3, emr.split_s3_uri(config.emr.log_uri)[0], "emr.log_uri")
+    # The nodes install from it without PyPI; pip on this worker builds it when it is missing.
+    wheelhouse.ensure(config, s3.get_conn())
     emr.upload_run(config, run_id, s3.get_conn())
     return {"run_dir": run_folder.run_dir(config, run_id), "job_flow_overrides": request, **steps}
 

@@ -1,25 +1,48 @@
 #!/bin/bash
 # EMR bootstrap action: runs on every node before Spark starts.
-# Builds a Python 3.11 virtual environment holding the jobs' pinned dependencies.
-#   bootstrap.sh CODE_URI VENV
+# Builds a Python 3.11 virtual environment holding the jobs' pinned dependencies, offline, from
+# the run's wheelhouse on S3: no node reaches PyPI.
+#   bootstrap.sh CODE_URI VENV WHEELHOUSE_URI
 # CODE_URI is the run's code folder (s3://.../code/<run_id>), holding requirements-jobs.txt and
 # constraints.txt (the project's complete pinned environment, so every transitive dependency gets
-# the version tested locally). pyspark is not installed: the cluster's Spark provides it.
+# the version tested locally). WHEELHOUSE_URI (s3://.../code/wheelhouse/<hash>) holds their wheels
+# and, uploaded last, manifest.json (include/wheelhouse.py). pyspark is not installed: the
+# cluster's Spark provides it. Any failure exits non-zero with a "bootstrap: ERROR" line.
 set -euo pipefail
 
-code_uri="${1:?usage: bootstrap.sh CODE_URI VENV}"
-venv="${2:?usage: bootstrap.sh CODE_URI VENV}"
-work="$(mktemp -d)"
+code_uri="${1:?usage: bootstrap.sh CODE_URI VENV WHEELHOUSE_URI}"
+venv="${2:?usage: bootstrap.sh CODE_URI VENV WHEELHOUSE_URI}"
+wheelhouse="${3:?usage: bootstrap.sh CODE_URI VENV WHEELHOUSE_URI}"
+build="python -m include.wheelhouse build (or any run's prepare task, which builds a missing one)"
+min_free_mb=4000 # the wheels (~0.4 GB) and the environment (~1.9 GB), with room to spare
 
-aws s3 cp "$code_uri/requirements-jobs.txt" "$work/requirements-jobs.txt"
-aws s3 cp "$code_uri/constraints.txt" "$work/constraints.txt"
+fail() {
+  echo "bootstrap: ERROR $*" >&2
+  exit 1
+}
 
-sudo dnf install -y -q python3.11 python3.11-pip
-sudo mkdir -p "$venv"
-sudo chown "$(id -u):$(id -g)" "$venv"
-python3.11 -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check \
-  -r "$work/requirements-jobs.txt" -c "$work/constraints.txt"
+root="$(dirname "$venv")"
+sudo mkdir -p "$root" || fail "$root not created"
+sudo chown "$(id -u):$(id -g)" "$root"
+free_mb="$(df -Pm "$root" | awk 'NR == 2 {print $4}')"
+[ "$free_mb" -ge "$min_free_mb" ] || fail "$root has $free_mb MB free, the environment needs $min_free_mb MB"
+work="$(mktemp -d "$root/bootstrap.XXXXXX")"
+
+aws s3 cp --quiet "$code_uri/requirements-jobs.txt" "$work/requirements-jobs.txt" ||
+  fail "$code_uri/requirements-jobs.txt not read"
+aws s3 cp --quiet "$code_uri/constraints.txt" "$work/constraints.txt" || fail "$code_uri/constraints.txt not read"
+# The manifest is uploaded last: without it the wheelhouse is missing or was never finished.
+aws s3 cp --quiet "$wheelhouse/manifest.json" "$work/manifest.json" ||
+  fail "wheelhouse $wheelhouse missing (no manifest.json): build it with $build"
+aws s3 cp --quiet --recursive "$wheelhouse/" "$work/wheels/" || fail "wheelhouse $wheelhouse not downloaded"
+
+# From the Amazon Linux 2023 repositories, which are S3 buckets: an S3 gateway endpoint reaches them.
+sudo dnf install -y -q python3.11 python3.11-pip || fail "python3.11 not installed with dnf"
+python3.11 -m venv "$venv" || fail "virtual environment $venv not created"
+"$venv/bin/python" -m pip install --no-cache-dir --progress-bar off --disable-pip-version-check \
+  --no-index --find-links "$work/wheels" \
+  -r "$work/requirements-jobs.txt" -c "$work/constraints.txt" ||
+  fail "pip could not install from wheelhouse $wheelhouse (pip's output above names the requirement): rebuild it with $build"
 # A broken environment fails the bootstrap (and so the cluster) now rather than in the first step.
-"$venv/bin/python" -m pip check
+"$venv/bin/python" -m pip check || fail "the environment $venv is inconsistent (pip check above)"
 rm -rf "$work"

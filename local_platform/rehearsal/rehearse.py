@@ -24,7 +24,7 @@ import boto3
 import yaml
 from botocore.config import Config
 
-from include import emr, loopback_only
+from include import emr, loopback_only, wheelhouse
 from local_platform import airflow_runner
 from local_platform.moto_s3 import REGION, LocalS3
 from local_platform.rehearsal.emr_runner import EmrRehearsalRunner, split_s3
@@ -56,6 +56,14 @@ def rehearsal_settings(bucket: str, corpus: list[str]) -> dict:
 def buckets(config: PipelineConfig) -> tuple[str, ...]:
     uris = [config.lake, config.emr.log_uri, config.emr.code_prefix, *config.corpus]
     return tuple(sorted({config.s3.bucket} | {split_s3(uri)[0] for uri in uris if uri.startswith("s3://")}))
+
+
+def seed_wheelhouse(config: PipelineConfig, s3_client) -> None:
+    """A stand-in for the nodes' wheelhouse: its manifest, no wheels. The DAG's prepare finds it
+    and builds nothing (that would need PyPI, and the rehearsal has no network); the rehearsal
+    checks the bootstrap, which would install it, without running it (docs/rehearsal.md)."""
+    stand_in = {"rehearsal": "stand-in written by local_platform/rehearsal: no wheels, the bootstrap is not run"}
+    wheelhouse.write_manifest(stand_in, emr.wheelhouse_uri(config.emr.code_prefix), s3_client)
 
 
 class Rehearsal:
@@ -91,6 +99,7 @@ class Rehearsal:
                 bucket, key = split_s3(uri)
                 source = Path(lake.local_path(path) if "://" in path else path)
                 self.s3.client().put_object(Bucket=bucket, Key=key, Body=source.read_bytes())
+            seed_wheelhouse(self.config, self.s3.client())
             connection = self.s3.connection_env()
             step_env = {name: value for name, value in connection.items() if not name.startswith("AIRFLOW_")}
             self.runner = EmrRehearsalRunner(self.s3.client, step_env, REGION).start()

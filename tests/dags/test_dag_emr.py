@@ -27,7 +27,7 @@ from moto.emr.models import emr_backends
 from moto.emr.responses import ElasticMapReduceResponse
 from moto.server import ThreadedMotoServer
 
-from include import emr, emr_tasks
+from include import emr, emr_tasks, wheelhouse
 from include.spark_submit import package_code
 from spark_jobs.lib import lake, run_folder, stage
 from spark_jobs.lib.config import REPO_ROOT
@@ -105,6 +105,10 @@ def aws(moto_endpoint, monkeypatch, emr_defaults):
     s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint)
     s3.create_bucket(Bucket=BUCKET)
     s3.put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=SONNET_LINE * 100)
+    # The nodes' wheelhouse, as if built, so validate_config downloads nothing; moto's EMR runs no
+    # bootstrap to install it (tests/include/test_wheelhouse.py tests building and installing one).
+    code_prefix = load_config(emr_defaults).emr.code_prefix
+    wheelhouse.write_manifest({"test": "stand-in, no wheels"}, emr.wheelhouse_uri(code_prefix), s3)
     return {"s3": s3, "emr": boto3.client("emr", region_name=REGION, endpoint_url=moto_endpoint)}
 
 
@@ -636,8 +640,9 @@ def test_a_corpus_too_small_for_a_window_fails_before_any_cluster_exists(airflow
     assert dag_run.state == "failed" and states["validate_config"] == "failed"
     assert states["create_cluster"] == "upstream_failed" and finished == []
     assert aws["emr"].list_clusters()["Clusters"] == []
-    # validate_config stopped before uploading anything of the run.
-    assert [item["Key"] for item in aws["s3"].list_objects_v2(Bucket=BUCKET)["Contents"]] == ["corpus/sonnets.txt"]
+    # validate_config stopped before uploading anything of the run (the wheelhouse is the fixture's).
+    keys = [item["Key"] for item in aws["s3"].list_objects_v2(Bucket=BUCKET)["Contents"]]
+    assert [key for key in keys if not key.startswith("code/wheelhouse/")] == ["corpus/sonnets.txt"]
 
 
 def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluster_exists(

@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 import pytest
 
-from include import emr
+from include import emr, wheelhouse
 from local_platform import airflow_runner
 from local_platform.rehearsal.emr_runner import split_s3
 from local_platform.rehearsal.rehearse import Rehearsal
@@ -118,6 +118,7 @@ def rehearsed(tmp_path_factory, shakespeare):
             "run": objects(rehearsal, run) if run else {},
             "run_prefix": split_s3(run)[1].rstrip("/") if run else "",
             "killed": killer.killed,
+            "wheelhouse": objects(rehearsal, emr.wheelhouse_uri(rehearsal.config.emr.code_prefix)),
             "logs": {
                 step["Name"]: gzip.decompress(
                     objects(rehearsal, f"{cluster['LogUri']}{cluster['Id']}/steps/{step['Id']}")[
@@ -163,6 +164,11 @@ def test_the_steps_ran_the_dags_arguments_against_the_rehearsal_master(rehearsed
 def test_the_first_step_was_added_once_the_cluster_had_started_and_bootstrapped(rehearsed):
     ready = rehearsed["cluster"]["Status"]["Timeline"]["ReadyDateTime"]
     assert rehearsed["steps"][0]["Status"]["Timeline"]["CreationDateTime"] >= ready
+
+
+def test_prepare_found_the_rehearsals_stand_in_wheelhouse_and_built_none(rehearsed):
+    ((key, body),) = rehearsed["wheelhouse"].items()
+    assert key.endswith(f"/{wheelhouse.MANIFEST}") and "rehearsal" in json.loads(body)
 
 
 def test_the_cluster_ends_terminated(rehearsed):

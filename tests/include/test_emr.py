@@ -385,11 +385,13 @@ def test_everything_the_jobs_import_is_installed_by_the_bootstrap():
 
 
 def test_bootstrap_script_reads_the_files_uploaded_with_the_code():
+    """Its run on a node, offline from a wheelhouse, is tests/include/test_wheelhouse.py's."""
     script = emr.RUN_FILES["bootstrap.sh"]
     subprocess.run(["bash", "-n", str(script)], check=True)
     text = script.read_text()
     for name in ("requirements-jobs.txt", "constraints.txt"):
         assert f'"$code_uri/{name}"' in text and name in emr.RUN_FILES
+    assert '--no-index --find-links "$work/wheels"' in text
     assert '-r "$work/requirements-jobs.txt" -c "$work/constraints.txt"' in text
 
 
