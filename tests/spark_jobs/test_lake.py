@@ -15,6 +15,7 @@ import pytest
 from spark_jobs.lib import corpus_files, lake
 from spark_jobs.lib.config import to_uri
 from spark_jobs.lib.errors import PipelineError
+from tests.spark_jobs.conftest import BUCKET
 
 NAMES = ["Les Misérables #1.txt", "100% poems.txt", "plain.txt"]
 REPO = Path(__file__).resolve().parents[2]
@@ -109,3 +110,41 @@ def test_a_file_that_cannot_be_written_whole_leaves_the_old_one_and_no_temporary
     assert "failed:" in result.stderr and "large" in result.stderr, result.stderr
     assert sorted(path.name for path in folder.iterdir()) == ["train.json"]
     assert (folder / "train.json").read_text() == "old\n"
+
+
+def test_a_bucket_has_one_s3_filesystem_per_process(s3, monkeypatch, tmp_path):
+    for name, value in s3.connection_env().items():
+        monkeypatch.setenv(name, value)
+    folder = f"s3://{BUCKET}/{tmp_path.name}/my books"
+    first, path = lake.filesystem(lake.join(folder, "a.txt"))
+    second, _ = lake.filesystem(lake.join(folder, "b.txt"))
+    assert first is second and path.endswith("my books/a.txt")
+    assert lake.filesystem("s3://another-bucket/x")[0] is not first
+    lake.write_text(lake.join(folder, "a.txt"), "through the cached filesystem\n")
+    assert lake.read_text(lake.join(folder, "a.txt")) == "through the cached filesystem\n"
+
+
+def test_s3_requests_name_their_region_and_retry_throttling(monkeypatch):
+    made = []
+    monkeypatch.setattr(lake.pafs, "S3FileSystem", lambda **kwargs: made.append(kwargs) or object())
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    lake.cached_s3_filesystem.cache_clear()
+
+    lake.filesystem("s3://kwargs-bucket/a.txt")
+    assert made[0]["region"] == "eu-west-3" and made[0]["endpoint_override"] == "http://127.0.0.1:9"
+    retry = made[0]["retry_strategy"]
+    assert isinstance(retry, lake.pafs.AwsStandardS3RetryStrategy) and retry.max_attempts == lake.S3_ATTEMPTS >= 10
+    lake.cached_s3_filesystem.cache_clear()
+
+
+def test_on_an_emr_node_the_region_is_the_clusters(monkeypatch, tmp_path):
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    instance_data = tmp_path / "extraInstanceData.json"
+    monkeypatch.setattr(lake, "EMR_INSTANCE_DATA", instance_data)
+    assert lake.s3_region() is None  # not a node: the AWS SDK's own default
+    instance_data.write_text('{"instanceRole": "core", "region": "ap-south-1", "jobFlowId": "j-1"}')
+    assert lake.s3_region() == "ap-south-1"
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
+    assert lake.s3_region() == "us-west-2"
