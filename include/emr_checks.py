@@ -1,8 +1,9 @@
 """The checks of the AWS account's side of an EMR run, made by validate_config before any cluster
-exists: the run's buckets are this account's (not the one pipeline.yaml ships with) and reachable
-through the connection, the service role can start the cluster, and the corpus is text, its first
-SNIFF_OBJECTS objects sniffed by their first SNIFF_BYTES with the tokenize stage's own check.
-Each raises PipelineError (ConfigError) naming the setting to change.
+exists: the run's buckets are this account's (not the one pipeline.yaml ships with), reachable
+through the connection and in the cluster's region (where the stages reach S3); the service role
+can start the cluster; the corpus is text, its first SNIFF_OBJECTS objects sniffed by their first
+SNIFF_BYTES with the tokenize stage's own check. Each raises PipelineError (ConfigError) naming
+the setting to change.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ def check_settings(config: PipelineConfig, s3_hook) -> None:
     buckets = bucket_settings(config)
     check_own_buckets(buckets)
     check_subnet(config)
+    region = config.emr.region or s3_hook.conn_region_name
     for bucket, names in buckets.items():
         names = [name for name in names if name != "s3.bucket"]
         if names:
-            check_bucket(s3_hook, bucket, " and ".join(names))
+            check_bucket(s3_hook, bucket, listed(names))
+            check_region(s3_hook, bucket, listed(names), region)
 
 
 def bucket_settings(config: PipelineConfig) -> dict[str, list[str]]:
@@ -55,13 +58,31 @@ def bucket_settings(config: PipelineConfig) -> dict[str, list[str]]:
     return found
 
 
+def listed(names: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+
+
 def check_own_buckets(buckets: dict[str, list[str]]) -> None:
     names = buckets.get(SHIPPED_BUCKET)
     if names:
-        settings = " and ".join(names)
+        settings = listed(names)
         raise ConfigError(
             f"{settings}: {SHIPPED_BUCKET!r} is the example bucket pipeline.yaml ships with, not one of this "
             f"account's; for target emr set {settings} to a bucket of yours (docs/emr.md, A first real run)"
+        )
+
+
+def check_region(s3_hook, bucket: str, settings: str, region: str | None) -> None:
+    """The stages reach S3 in the cluster's region (spark_jobs/lib/lake.py), so a bucket elsewhere
+    would fail them once the cluster runs."""
+    response = s3_hook.get_conn().head_bucket(Bucket=bucket)
+    bucket_region = response["ResponseMetadata"]["HTTPHeaders"].get("x-amz-bucket-region")
+    if region and bucket_region and bucket_region != region:
+        raise ConfigError(
+            f"{settings}: bucket {bucket!r} is in {bucket_region}, and the cluster starts in {region} (emr.region, "
+            f"else the region of the connection {s3_hook.aws_conn_id}): the stages reach S3 in the cluster's "
+            "region; use a bucket there, or set emr.region to the bucket's"
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import boto3
 import pytest
 
 from include import emr_checks
@@ -68,8 +69,25 @@ def test_a_v2_service_role_with_a_subnet_passes(hook):
 
 
 def test_a_bucket_that_does_not_exist_is_named_with_every_setting_that_uses_it(hook):
+    assert emr_checks.listed(["a"]) == "a" and emr_checks.listed(["a", "b", "c"]) == "a, b and c"
     config = emr_config({"emr": {"log_uri": "s3://no-such-bucket/logs/", "code_prefix": "s3://no-such-bucket/code/"}})
     with pytest.raises(PipelineError, match="emr.log_uri and emr.code_prefix: bucket 'no-such-bucket' does not exist"):
+        emr_checks.check_settings(config, hook)
+
+
+def test_a_bucket_in_another_region_than_the_clusters_is_named(s3, hook):
+    client = boto3.client("s3", region_name="eu-west-1", endpoint_url=s3.endpoint_url)
+    client.create_bucket(Bucket="far-bucket", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    config = emr_config({"corpus": "s3://far-bucket/books/"})
+    with pytest.raises(
+        ConfigError, match="corpus: bucket 'far-bucket' is in eu-west-1, and the cluster starts in us-e"
+    ):
+        emr_checks.check_settings(config, hook)
+    config = emr_config({"corpus": "s3://far-bucket/books/", "emr": {"region": "eu-west-1"}})
+    message = (
+        "lake, emr.log_uri and emr.code_prefix: bucket 'lake-bucket' is in us-east-1, and the cluster starts in eu"
+    )
+    with pytest.raises(ConfigError, match=message):
         emr_checks.check_settings(config, hook)
 
 
