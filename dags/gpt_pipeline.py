@@ -40,7 +40,7 @@ from airflow.sdk import (
 )
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from include import emr, emr_tasks, local_spark, locks, preflight, trigger_form
+from include import emr, emr_checks, emr_tasks, local_spark, locks, preflight, trigger_form
 from include.airflow_names import DAG_ID, MODEL_ASSET_NAME
 from include.emr_tasks import EmrClusterReadySensor, EmrCreateClusterOperator, EmrStageSensor
 from include.promote import latest_folder, promote_record
@@ -127,13 +127,18 @@ def validate_config() -> str:
 
 @task(task_id="validate_config", multiple_outputs=True, retries=0)
 def validate_config_for_emr() -> dict:
-    """Check the config and the corpus on S3 before any cluster exists, then upload the run's code
-    and config; returns the run folder, the cluster request and every stage's step."""
+    """Check the config, the account's buckets and service role, and the corpus on S3 (docs/emr.md)
+    before any cluster exists, then upload the run's code and config; returns the run folder, the
+    cluster request and every stage's step."""
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     config, run_id = form_config()
+    s3 = S3Hook(aws_conn_id=config.emr.aws_conn_id)
+    emr_checks.check_settings(config, s3)
     check_bucket(S3Hook(aws_conn_id=AWS_CONN_ID), config.s3.bucket, "s3.bucket")  # collect's, before a cluster
-    check_run(config, emr.corpus_objects(config, S3Hook(aws_conn_id=config.emr.aws_conn_id)))
+    sizes = emr.corpus_objects(config, s3)
+    check_run(config, sizes)
+    emr_checks.check_corpus_text(config, sizes, s3)
     return emr_tasks.prepare(config, run_id, CONFIG)
 
 

@@ -24,7 +24,7 @@ import boto3
 import yaml
 from botocore.config import Config
 
-from include import emr, loopback_only, wheelhouse
+from include import emr, emr_checks, loopback_only, wheelhouse
 from local_platform import airflow_runner
 from local_platform.moto_s3 import REGION, LocalS3
 from local_platform.rehearsal.emr_runner import EmrRehearsalRunner, split_s3
@@ -36,26 +36,24 @@ from spark_jobs.lib.overrides import apply_overrides
 
 POKE_INTERVAL_S = 5  # the step sensors' poke interval on the rehearsal (EMR's default is a minute)
 CORPUS_PREFIX = "corpus"
+# The moto server's bucket: the emr target refuses the example bucket pipeline.yaml ships with.
+BUCKET = "gpt-pipeline-rehearsal"
 
 
 def rehearsal_settings(bucket: str, corpus: list[str]) -> dict:
-    """What the rehearsal changes in pipeline.yaml: target emr, with the lake, corpus, code and
-    logs on the moto server's bucket."""
+    """What the rehearsal changes in pipeline.yaml: target emr, with the lake, corpus, code, logs
+    and record on the moto server's bucket."""
     return {
         "target": "emr",
         "corpus": corpus if len(corpus) > 1 else corpus[0],
         "lake": f"s3://{bucket}/lake",
+        "s3": {"bucket": bucket},
         "emr": {
             "log_uri": f"s3://{bucket}/emr-logs/",
             "code_prefix": f"s3://{bucket}/code/",
             "poke_interval_seconds": POKE_INTERVAL_S,
         },
     }
-
-
-def buckets(config: PipelineConfig) -> tuple[str, ...]:
-    uris = [config.lake, config.emr.log_uri, config.emr.code_prefix, *config.corpus]
-    return tuple(sorted({config.s3.bucket} | {split_s3(uri)[0] for uri in uris if uri.startswith("s3://")}))
 
 
 def seed_wheelhouse(config: PipelineConfig, s3_client) -> None:
@@ -75,7 +73,7 @@ class Rehearsal:
         self.home = home or airflow_runner.AIRFLOW_HOME
         self.folder = Path(tempfile.mkdtemp(prefix="gpt-pipeline-rehearsal-"))
         defaults = read_yaml(DEFAULT_CONFIG_PATH)
-        bucket = defaults["s3"]["bucket"]
+        bucket = BUCKET
         names = [Path(lake.local_path(uri) if "://" in uri else uri).name for uri in corpus_files]
         if len(set(names)) != len(names):
             raise PipelineError(f"corpus: files of the same name ({', '.join(names)}) would overwrite each other on S3")
@@ -94,7 +92,7 @@ class Rehearsal:
         self.held = airflow_runner.exclusive_home(self.home, "make rehearse")
         self.held.__enter__()
         try:
-            self.s3 = LocalS3(buckets=buckets(self.config)).__enter__()
+            self.s3 = LocalS3(buckets=tuple(sorted(emr_checks.bucket_settings(self.config)))).__enter__()
             for path, uri in zip(self.corpus_files, self.corpus_uris, strict=True):
                 bucket, key = split_s3(uri)
                 source = Path(lake.local_path(path) if "://" in path else path)

@@ -1,6 +1,10 @@
 """The lake's storage: file I/O over file:// and s3:// URIs (read, write, exists, list, delete,
 files written whole, moves, upload and download), and filesystem() for libraries that take a
 pyarrow filesystem. What lives where in a run folder is spark_jobs.lib.run_folder's.
+
+S3 goes through one pyarrow S3FileSystem per process and bucket, with the region set (so pyarrow
+never asks S3 where a bucket is) and AWS's standard retries, S3_ATTEMPTS of them: a corpus of many
+objects read at once can meet S3's throttling (503 SlowDown), which a retry outlasts.
 """
 
 from __future__ import annotations
@@ -10,8 +14,8 @@ import os
 import posixpath
 import shutil
 import uuid
+from functools import lru_cache
 from pathlib import Path
-from urllib.parse import quote
 
 from pyarrow import fs as pafs
 
@@ -20,6 +24,9 @@ from spark_jobs.lib.errors import PipelineError
 LOCAL_FILESYSTEM = pafs.LocalFileSystem()
 COPY_CHUNK_BYTES = 8 * 2**20
 S3_COPY_MAX_BYTES = 5 * 10**9  # S3's CopyObject copies at most 5 GB, and a move on S3 is one
+S3_ATTEMPTS = 10
+# Every EMR node describes itself here, its cluster's region among the rest.
+EMR_INSTANCE_DATA = Path("/mnt/var/lib/info/extraInstanceData.json")
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -30,9 +37,41 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
         raise ValueError(f"not a URI: {uri!r}")
     if scheme == "file":
         return LOCAL_FILESYSTEM, path
-    # pyarrow parses the URI, so it gets the path percent-encoded and returns it decoded.
-    # AWS_ENDPOINT_URL (moto, LocalStack) is honoured by pyarrow's S3 client.
-    return pafs.FileSystem.from_uri(f"{scheme}://{quote(path, safe='/')}")
+    if scheme != "s3":
+        raise ValueError(f"unsupported URI scheme {scheme}:// in {uri!r}")
+    return s3_filesystem(path.partition("/")[0]), path.rstrip("/")
+
+
+def s3_filesystem(bucket: str) -> pafs.S3FileSystem:
+    """The S3 filesystem of this process for `bucket`."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return cached_s3_filesystem(bucket, s3_region(), endpoint, os.getpid())
+
+
+@lru_cache(maxsize=None)
+def cached_s3_filesystem(bucket: str, region: str | None, endpoint: str | None, pid: int) -> pafs.S3FileSystem:
+    """One per bucket and what it depends on: the process (the AWS SDK's connections are not
+    shared with a forked child), the region and the endpoint (moto or LocalStack, which pyarrow's
+    S3FileSystem does not read from AWS_ENDPOINT_URL by itself)."""
+    return pafs.S3FileSystem(
+        region=region,
+        endpoint_override=endpoint,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS),
+    )
+
+
+def s3_region() -> str | None:
+    """The region of the S3 requests: AWS_REGION or AWS_DEFAULT_REGION where set (the AWS
+    connection's region for a local run and the rehearsal), else on an EMR node the cluster's own
+    (emr.region, or the region of the connection that created it; the lake's bucket should be
+    there, docs/emr.md); else None, which leaves it to the AWS SDK."""
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        return region
+    try:
+        return json.loads(EMR_INSTANCE_DATA.read_text())["region"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def join(uri: str, *parts: str) -> str:

@@ -36,10 +36,16 @@ from spark_jobs.lib.overrides import apply_overrides
 from spark_jobs.lib.stages import STAGE_NAMES
 
 REGION = "us-east-1"
-BUCKET = "gpt-pipeline"
+BUCKET = "gpt-pipeline-test"
 DAG_FILE = REPO_ROOT / "dags" / "gpt_pipeline.py"
 CORPUS = f"s3://{BUCKET}/corpus/*.txt"
-OVERRIDES = {"target": "emr", "corpus": CORPUS, "lake": f"s3://{BUCKET}/lake", "emr": {"poke_interval_seconds": 1}}
+OVERRIDES = {
+    "target": "emr",
+    "corpus": CORPUS,
+    "lake": f"s3://{BUCKET}/lake",
+    "s3": {"bucket": BUCKET},
+    "emr": {"log_uri": f"s3://{BUCKET}/emr-logs/", "code_prefix": f"s3://{BUCKET}/code/", "poke_interval_seconds": 1},
+}
 SONNET_LINE = b"Shall I compare thee to a summer's day?\n"
 TRAIN_STATS = {"final_val_loss": 4.2, "final_val_nats_per_char": 1.3}
 TRAIN_PROGRESS = {
@@ -474,7 +480,7 @@ def test_a_cluster_that_ended_fails_the_stage_at_once_with_the_clusters_reason(a
     logged = "".join(capfd.readouterr())
     cluster_id = only_cluster(aws)["Id"]
     assert f"AirflowFailException: tokenize: cluster {cluster_id} ended (TERMINATED_WITH_ERRORS): {reason}" in logged
-    assert f"bootstrap logs: s3://gpt-pipeline/emr-logs/{cluster_id}/node/" in logged
+    assert f"bootstrap logs: s3://{BUCKET}/emr-logs/{cluster_id}/node/" in logged
     assert step_states(aws) == [("tokenize", "CANCELLED")]
     assert states["terminate_cluster"] == "success"
 
@@ -667,18 +673,53 @@ def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluste
     [
         ({"s3": {"bucket": "no-such-bucket"}}, "s3.bucket: bucket 'no-such-bucket' does not exist"),
         ({"emr": {"log_uri": "s3://no-such-logs/emr/"}}, "emr.log_uri: bucket 'no-such-logs' does not exist"),
+        ({"lake": "s3://no-such-lake/lake"}, "lake: bucket 'no-such-lake' does not exist"),
+        ({"corpus": "s3://no-such-corpus/a.txt"}, "corpus: bucket 'no-such-corpus' does not exist"),
+        (
+            {"s3": {"bucket": "gpt-pipeline"}},
+            "s3.bucket: 'gpt-pipeline' is the example bucket pipeline.yaml ships with",
+        ),
+        (
+            {"lake": "s3://gpt-pipeline/lake", "emr": {"code_prefix": "s3://gpt-pipeline/code/"}},
+            "lake and emr.code_prefix: 'gpt-pipeline' is the example bucket pipeline.yaml ships with",
+        ),
+        (
+            {"emr": {"service_role": "EMR_DefaultRole_V2"}},
+            "emr.subnet_id: needed with emr.service_role 'EMR_DefaultRole_V2'",
+        ),
     ],
-    ids=["record", "logs"],
+    ids=["record", "logs", "lake", "corpus", "shipped-record", "shipped-lake-and-code", "service-role-v2"],
 )
-def test_a_bucket_that_does_not_exist_fails_before_any_cluster_exists(
+def test_an_account_setting_that_cannot_work_fails_before_any_cluster_exists(
     airflow_db, aws, emr_defaults, capfd, setting, message
 ):
     emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), setting)))
     dag_run, states, finished = run_dag(aws)
 
-    assert f"PipelineError: {message}" in "".join(capfd.readouterr())
+    assert f"Error: {message}" in "".join(capfd.readouterr())
     assert states["validate_config"] == "failed" and finished == []
     assert aws["emr"].list_clusters()["Clusters"] == []
+
+
+@pytest.mark.parametrize(
+    "body, problem",
+    [
+        ("Café".encode("cp1252") * 10, "is not UTF-8 text (byte 0xe9 at offset 3)"),
+        ("Café\n".encode("utf-16"), "is UTF-16 text, not UTF-8"),
+        (b"\x00\x01binary" * 10, "looks binary (NUL byte at offset 0)"),
+    ],
+    ids=["cp1252", "utf-16", "binary"],
+)
+def test_a_corpus_object_that_is_not_text_fails_before_any_cluster_exists(
+    airflow_db, aws, capfd, run_job_flow_requests, body, problem
+):
+    aws["s3"].put_object(Bucket=BUCKET, Key="corpus/windows.txt", Body=body)
+    dag_run, states, finished = run_dag(aws)
+
+    logged = "".join(capfd.readouterr())
+    assert f"PipelineError: corpus file s3://{BUCKET}/corpus/windows.txt {problem}" in logged
+    assert "set data.bad_files=skip to leave such files out" in logged
+    assert states["validate_config"] == "failed" and run_job_flow_requests == []
 
 
 def test_a_run_cannot_move_the_cluster_to_another_region_or_connection(airflow_db, aws, capfd):

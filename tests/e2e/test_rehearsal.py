@@ -229,7 +229,8 @@ def test_a_corpus_that_is_not_utf8_fails_the_run_with_the_stages_message_and_the
     good = tmp_path / "slice.txt"
     good.write_text(shakespeare.read_text(encoding="utf-8")[:30_000], encoding="utf-8")
     bad = tmp_path / "latin1.txt"
-    bad.write_bytes("Ce garçon est très âgé\n".encode("latin-1") * 200)
+    # Past the first 64 KB, which validate_config sniffs before the cluster: the stage meets it.
+    bad.write_bytes(b"Plain text first.\n" * 4000 + "Ce garçon est très âgé\n".encode("latin-1") * 200)
     with Rehearsal([str(good), str(bad)], SMALL, home=tmp_path / "airflow") as rehearsal:
         succeeded = rehearsal.run()
         rehearsal.end_clusters()

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from include import emr, loopback_only
+from include import emr, emr_checks, loopback_only
 from local_platform.rehearsal import rehearse
 from local_platform.rehearsal.rehearse import Rehearsal, main
 from spark_jobs.lib import memory, storage
@@ -24,7 +24,7 @@ def rehearsal(shakespeare_slice, tmp_path):
 
 def test_the_rehearsal_runs_the_emr_target_with_its_corpus_lake_code_and_logs_on_the_moto_bucket(rehearsal):
     config, bucket = rehearsal.config, rehearsal.config.s3.bucket
-    assert config.target == "emr"
+    assert config.target == "emr" and bucket == rehearse.BUCKET
     assert config.corpus == [f"s3://{bucket}/corpus/slice.txt"]
     assert config.lake == f"s3://{bucket}/lake"
     assert config.emr.log_uri.startswith(f"s3://{bucket}/") and config.emr.code_prefix.startswith(f"s3://{bucket}/")
@@ -37,6 +37,8 @@ def test_the_emr_targets_checks_accept_the_rehearsals_config(rehearsal):
     emr.check_budget(config, rehearsal.dag_config)
     memory.check_training_fits(config, emr.train_executor_memory_mb(config)[1], "a core node")
     storage.check_core_node_room(config, {config.corpus[0]: 60_000})
+    emr_checks.check_own_buckets(emr_checks.bucket_settings(config))
+    emr_checks.check_subnet(config)
 
 
 def test_a_corpus_on_s3_is_refused_with_a_clear_message(capsys):

@@ -4,17 +4,22 @@ names people give files: spaces, '#', '%' and accents are part of a path, never 
 from __future__ import annotations
 
 import filecmp
+import http.client
 import os
 import shutil
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from spark_jobs.lib import corpus_files, lake
 from spark_jobs.lib.config import to_uri
 from spark_jobs.lib.errors import PipelineError
+from tests.spark_jobs.conftest import BUCKET
 
 NAMES = ["Les Misérables #1.txt", "100% poems.txt", "plain.txt"]
 REPO = Path(__file__).resolve().parents[2]
@@ -109,3 +114,111 @@ def test_a_file_that_cannot_be_written_whole_leaves_the_old_one_and_no_temporary
     assert "failed:" in result.stderr and "large" in result.stderr, result.stderr
     assert sorted(path.name for path in folder.iterdir()) == ["train.json"]
     assert (folder / "train.json").read_text() == "old\n"
+
+
+def test_a_bucket_has_one_s3_filesystem_per_process(s3, monkeypatch, tmp_path):
+    for name, value in s3.connection_env().items():
+        monkeypatch.setenv(name, value)
+    folder = f"s3://{BUCKET}/{tmp_path.name}/my books"
+    first, path = lake.filesystem(lake.join(folder, "a.txt"))
+    second, _ = lake.filesystem(lake.join(folder, "b.txt"))
+    assert first is second and path.endswith("my books/a.txt")
+    assert lake.filesystem("s3://another-bucket/x")[0] is not first
+    lake.write_text(lake.join(folder, "a.txt"), "through the cached filesystem\n")
+    assert lake.read_text(lake.join(folder, "a.txt")) == "through the cached filesystem\n"
+
+
+def test_s3_requests_name_their_region_and_retry_throttling(monkeypatch):
+    made = []
+    monkeypatch.setattr(lake.pafs, "S3FileSystem", lambda **kwargs: made.append(kwargs) or object())
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    lake.cached_s3_filesystem.cache_clear()
+
+    lake.filesystem("s3://kwargs-bucket/a.txt")
+    assert made[0]["region"] == "eu-west-3" and made[0]["endpoint_override"] == "http://127.0.0.1:9"
+    retry = made[0]["retry_strategy"]
+    assert isinstance(retry, lake.pafs.AwsStandardS3RetryStrategy) and retry.max_attempts == lake.S3_ATTEMPTS >= 10
+    lake.cached_s3_filesystem.cache_clear()
+
+
+def test_on_an_emr_node_the_region_is_the_clusters(monkeypatch, tmp_path):
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    instance_data = tmp_path / "extraInstanceData.json"
+    monkeypatch.setattr(lake, "EMR_INSTANCE_DATA", instance_data)
+    assert lake.s3_region() is None  # not a node: the AWS SDK's own default
+    instance_data.write_text('{"instanceRole": "core", "region": "ap-south-1", "jobFlowId": "j-1"}')
+    assert lake.s3_region() == "ap-south-1"
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
+    assert lake.s3_region() == "us-west-2"
+
+
+THROTTLED = 3  # S3 requests answered 503 SlowDown: as many as pyarrow's default strategy attempts
+
+
+class ThrottlingProxy(ThreadingHTTPServer):
+    """S3 on loopback that answers the first THROTTLED requests as S3 does when throttling
+    (503 SlowDown) and passes the others to the moto server."""
+
+    def __init__(self, target: str):
+        super().__init__(("127.0.0.1", 0), ThrottlingHandler)
+        self.target, self.requests = urlsplit(target).netloc, 0
+        self.endpoint = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class ThrottlingHandler(BaseHTTPRequestHandler):
+    server: ThrottlingProxy
+
+    def handle_request(self) -> None:
+        self.server.requests += 1
+        if self.server.requests <= THROTTLED:
+            body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+            self.reply(503, [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))], body)
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        connection = http.client.HTTPConnection(self.server.target, timeout=30)
+        connection.request(self.command, self.path, self.rfile.read(length), dict(self.headers))
+        response = connection.getresponse()
+        self.reply(response.status, response.getheaders(), response.read())
+        connection.close()
+
+    def reply(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = handle_request
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def throttled_object(s3, monkeypatch, tmp_path):
+    """An object on the moto server, and S3 reached through a ThrottlingProxy in front of it."""
+    for name, value in s3.connection_env().items():
+        monkeypatch.setenv(name, value)
+    s3.client().put_object(Bucket=BUCKET, Key=f"{tmp_path.name}/a.txt", Body=b"read at last\n")
+    proxy = ThrottlingProxy(s3.endpoint_url)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    yield f"s3://{BUCKET}/{tmp_path.name}/a.txt", proxy
+    proxy.shutdown()
+    proxy.server_close()
+
+
+def test_a_read_outlasts_s3s_throttling(throttled_object):
+    uri, proxy = throttled_object
+    assert lake.read_bytes(uri) == b"read at last\n"
+    assert proxy.requests > THROTTLED
+
+
+def test_pyarrows_default_retries_would_not_outlast_it(throttled_object):
+    uri, proxy = throttled_object
+    default = lake.pafs.S3FileSystem(region=lake.s3_region(), endpoint_override=proxy.endpoint)
+    with pytest.raises(OSError, match="HTTP status 503"):
+        default.get_file_info(uri.removeprefix("s3://"))
+    assert proxy.requests == THROTTLED
