@@ -8,10 +8,11 @@ import argparse
 import json
 import logging
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
-from spark_jobs.lib import lake, log, run_folder
+from spark_jobs.lib import lake, log, run_folder, spark_metrics
 from spark_jobs.lib.config import PipelineConfig, to_uri
 from spark_jobs.lib.config_files import from_json
 from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
@@ -46,12 +47,16 @@ def load_run_config(run: str) -> PipelineConfig:
     return from_json(lake.read_text(uri))
 
 
-def spark_session(stage: str):
+def spark_session(stage: str, event_log_folder: str):
     from pyspark.sql import SparkSession
 
     # Settings come from spark-submit: include/spark_submit.stage_conf's on every target, plus on
-    # EMR the parallelism and the train executors' sizing of include/emr.py.
-    return SparkSession.builder.appName(f"gpt-pipeline-{stage}").getOrCreate()
+    # EMR the parallelism and the train executors' sizing of include/emr.py. The event log's folder
+    # is made here, in the driver, on every target: its metrics and the log go to the run folder.
+    builder = SparkSession.builder.appName(f"gpt-pipeline-{stage}")
+    for key, value in spark_metrics.event_log_conf(event_log_folder).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
 def stop_spark(spark) -> None:
@@ -93,7 +98,12 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
     run = parse_args(stage, argv).run_dir
     try:
         config = load_run_config(run)
-        for leftover in (run_folder.error_path(stage), run_folder.progress_path(stage)):
+        leftovers = (
+            run_folder.error_path(stage),
+            run_folder.progress_path(stage),
+            run_folder.spark_event_log_path(stage),
+        )
+        for leftover in leftovers:
             lake.delete(lake.join(run, leftover))
         cleared = run_folder.clear_stage(run, stage)
         if stage in cleared and resume_folder:  # left by a completed run that could not remove it
@@ -101,7 +111,9 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
         stale = [name for name in cleared if name != stage]
         if stale:
             logger.log(log.NOTE, "%s read this stage's outputs: no longer complete", ", ".join(stale))
-        spark = spark_session(stage)
+        # Not removed when the stage fails: Spark's shutdown still writes there.
+        event_log_folder = tempfile.mkdtemp(prefix=f"spark-events-{stage}-")
+        spark = spark_session(stage, event_log_folder)
         started = time.perf_counter()
         stats = body(spark, config, run)
         # The stage's own work; stopping Spark is teardown, like start-up.
@@ -110,6 +122,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
             stats["timings"] = {part: round(seconds, 3) for part, seconds in stats["timings"].items()}
         stats["stage"] = stage
         stop_spark(spark)
+        stats["spark"] = spark_metrics.record(run, stage, event_log_folder)
         run_folder.complete_stage(run, stage, stats)
         if resume_folder:
             remove_resume_folder(run, stage, resume_folder)
