@@ -1,7 +1,7 @@
 """The run's record: a run folder read on local disk or on S3 (RunFolder), the files of it that
 make the record, and the collect task, which copies them to S3 with the run's report.
 
-The record is the resolved config, stats/, model/ and samples.txt of the run folder; it goes to
+The record is the resolved config, stats/, model/, spark-events/ and samples.txt of the run folder; it goes to
 s3://{s3.bucket}/{s3.prefix}/{run folder name}/ through the amazon provider's S3Hook, so the
 Airflow AWS connection decides where S3 is (AWS, LocalStack or a local moto server).
 """
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 AWS_CONN_ID = "aws_default"
 RECORD_FILES = (run_folder.CONFIG_FILE, run_folder.SAMPLES_PATH)
-RECORD_FOLDERS = (f"{run_folder.STATS_FOLDER}/", f"{run_folder.MODEL_FOLDER}/")
+RECORD_FOLDERS = (f"{run_folder.STATS_FOLDER}/", f"{run_folder.MODEL_FOLDER}/", f"{run_folder.SPARK_EVENTS_FOLDER}/")
 
 
 class RunFolder:
