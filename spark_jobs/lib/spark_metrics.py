@@ -19,6 +19,7 @@ import shutil
 import statistics
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from urllib.parse import urlparse
 
 from spark_jobs.lib import lake, run_folder
 
@@ -36,11 +37,26 @@ def event_log_conf(folder: str | Path) -> dict[str, str]:
     }
 
 
-def record(run: str, stage: str, folder: str | Path) -> dict | None:
+def event_log_folder(spark) -> Path | None:
+    """The local folder the running application logs its events into (a session made elsewhere, by
+    a test, has its own settings); None when it logs none there."""
+    try:
+        conf = spark.sparkContext.getConf()
+        folder = urlparse(conf.get("spark.eventLog.dir", ""))
+        if conf.get("spark.eventLog.enabled", "false").lower() == "true" and folder.scheme == "file":
+            return Path(folder.path)
+    except Exception as error:  # metrics never fail a stage
+        logger.debug("no event log folder: %s", error)
+    return None
+
+
+def record(run: str, stage: str, folder: Path | None) -> dict | None:
     """After Spark has stopped: the summary of the event log in `folder`, which is uploaded into the
     run folder and then removed; None, with a WARNING, when there is none to read or upload."""
     try:
-        log_file = event_log_file(Path(folder))
+        if folder is None:
+            raise FileNotFoundError("the application logged no events to a local folder (spark.eventLog.*)")
+        log_file = event_log_file(folder)
         with log_file.open(encoding="utf-8") as lines:
             summary = summarise(events(lines))
         uri = lake.join(run, run_folder.spark_event_log_path(stage))
@@ -49,7 +65,8 @@ def record(run: str, stage: str, folder: str | Path) -> dict | None:
     except Exception as error:  # metrics never fail a stage
         logger.warning("no Spark metrics for this stage: %s: %s", type(error).__name__, error)
         summary = None
-    shutil.rmtree(folder, ignore_errors=True)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
     return summary
 
 

@@ -47,14 +47,15 @@ def load_run_config(run: str) -> PipelineConfig:
     return from_json(lake.read_text(uri))
 
 
-def spark_session(stage: str, event_log_folder: str):
+def spark_session(stage: str):
     from pyspark.sql import SparkSession
 
     # Settings come from spark-submit: include/spark_submit.stage_conf's on every target, plus on
     # EMR the parallelism and the train executors' sizing of include/emr.py. The event log's folder
-    # is made here, in the driver, on every target: its metrics and the log go to the run folder.
+    # is made here, in the driver, on every target (spark_jobs.lib.spark_metrics). It is not removed
+    # when the stage fails: Spark's shutdown still writes there.
     builder = SparkSession.builder.appName(f"gpt-pipeline-{stage}")
-    for key, value in spark_metrics.event_log_conf(event_log_folder).items():
+    for key, value in spark_metrics.event_log_conf(tempfile.mkdtemp(prefix=f"spark-events-{stage}-")).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
@@ -111,9 +112,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
         stale = [name for name in cleared if name != stage]
         if stale:
             logger.log(log.NOTE, "%s read this stage's outputs: no longer complete", ", ".join(stale))
-        # Not removed when the stage fails: Spark's shutdown still writes there.
-        event_log_folder = tempfile.mkdtemp(prefix=f"spark-events-{stage}-")
-        spark = spark_session(stage, event_log_folder)
+        spark = spark_session(stage)
         started = time.perf_counter()
         stats = body(spark, config, run)
         # The stage's own work; stopping Spark is teardown, like start-up.
@@ -121,6 +120,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
         if "timings" in stats:  # seconds of each part of the body, to the millisecond as duration_s
             stats["timings"] = {part: round(seconds, 3) for part, seconds in stats["timings"].items()}
         stats["stage"] = stage
+        event_log_folder = spark_metrics.event_log_folder(spark)
         stop_spark(spark)
         stats["spark"] = spark_metrics.record(run, stage, event_log_folder)
         run_folder.complete_stage(run, stage, stats)

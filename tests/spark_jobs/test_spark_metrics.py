@@ -63,11 +63,12 @@ def test_failed_tasks_are_counted_and_an_application_without_tasks_has_no_durati
     assert spark_metrics.summarise([])["task_seconds"] == {"min": None, "median": None, "max": None}
 
 
-@pytest.mark.parametrize("log_name", [None, "local-1.inprogress"])
+@pytest.mark.parametrize("log_name", ["no folder", "no log", "local-1.inprogress"])
 def test_a_stage_without_a_finished_event_log_gets_none_and_a_warning(tmp_path, caplog, log_name):
-    folder = tmp_path / "events"
-    folder.mkdir()
-    if log_name:
+    folder = None if log_name == "no folder" else tmp_path / "events"
+    if folder:
+        folder.mkdir()
+    if log_name.startswith("local-"):
         (folder / log_name).write_text(RECORDED.read_text())
     run = lake.join(f"file://{tmp_path}", "run")
     with caplog.at_level(logging.WARNING, logger="spark_jobs"):
