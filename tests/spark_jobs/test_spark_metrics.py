@@ -16,6 +16,7 @@ import pytest
 
 from include.local_spark import LOOPBACK_CONF, spark_env
 from include.spark_submit import stage_conf
+from local_platform.rehearsal.cluster import SparkStandaloneCluster
 from spark_jobs.lib import lake, run_folder, spark_metrics
 from spark_jobs.lib.config import REPO_ROOT
 from tests.conftest import SHARED_CORPUS, new_run, small_config
@@ -77,17 +78,20 @@ def test_a_stage_without_a_finished_event_log_gets_none_and_a_warning(tmp_path, 
     assert not lake.exists(lake.join(run, run_folder.spark_event_log_path("window")))
 
 
-@pytest.fixture(scope="module")
-def submitted(tmp_path_factory) -> dict:
-    """metrics_stage run with spark-submit on local[2], bound to loopback as the local stages are."""
-    tmp = tmp_path_factory.mktemp("metrics")
-    run = new_run(small_config(tmp, SHARED_CORPUS), "metrics")
+def submit(folder: Path, master: str) -> dict:
+    """metrics_stage run with spark-submit, bound to loopback as the local stages are."""
+    run = new_run(small_config(folder, SHARED_CORPUS), "metrics")
     settings = stage_conf(metrics_stage.STAGE) | LOOPBACK_CONF
     conf = [option for key, value in settings.items() for option in ("--conf", f"{key}={value}")]
-    argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]", *conf]
+    argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", master, *conf]
     env = spark_env() | {"PYTHONPATH": str(REPO_ROOT)}
     subprocess.run([*argv, metrics_stage.__file__, "--run-dir", run], env=env, check=True, timeout=600)
     return {"run": run, "stats": lake.read_json(run_folder.stats_uri(run, metrics_stage.STAGE))}
+
+
+@pytest.fixture(scope="module")
+def submitted(tmp_path_factory) -> dict:
+    return submit(tmp_path_factory.mktemp("metrics"), "local[2]")
 
 
 @pytest.mark.slow
@@ -120,6 +124,14 @@ def test_the_history_server_serves_the_run_folders_event_logs_on_loopback(submit
         server.wait(timeout=30)
     assert [application["id"] for application in applications] == [submitted["stats"]["spark"]["app_id"]]
     assert sockets and all(socket.loopback for socket in sockets), sockets
+
+
+@pytest.mark.slow
+def test_on_a_standalone_cluster_each_worker_is_an_executor(tmp_path):
+    with SparkStandaloneCluster(workers=2) as cluster:
+        spark = submit(tmp_path, cluster.master_url)["stats"]["spark"]
+    assert spark["app_id"].startswith("app-") and spark["executors"] == 2
+    assert spark["tasks"] > 0 and spark["output_records"] == metrics_stage.ROWS
 
 
 def served_applications(url: str, server: subprocess.Popen, patience_s: float = 120) -> list[dict]:
