@@ -52,22 +52,31 @@ def event_log_folder(spark) -> Path | None:
 
 def record(run: str, stage: str, folder: Path | None) -> dict | None:
     """After Spark has stopped: the summary of the event log in `folder`, which is uploaded into the
-    run folder and then removed; None, with a WARNING, when there is none to read or upload."""
+    run folder (`event_log`) and then removed; None, with a WARNING, when there is none to read."""
     try:
         if folder is None:
             raise FileNotFoundError("the application logged no events to a local folder (spark.eventLog.*)")
         log_file = event_log_file(folder)
         with log_file.open(encoding="utf-8") as lines:
             summary = summarise(events(lines))
-        uri = lake.join(run, run_folder.spark_event_log_path(stage))
-        lake.write_bytes(uri, log_file.read_bytes())
-        summary["event_log"] = run_folder.spark_event_log_path(stage)
+        summary["event_log"] = keep_event_log(run, stage, log_file)
     except Exception as error:  # metrics never fail a stage
         logger.warning("no Spark metrics for this stage: %s: %s", type(error).__name__, error)
         summary = None
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
     return summary
+
+
+def keep_event_log(run: str, stage: str, log_file: Path) -> str | None:
+    """The event log's path in the run folder once uploaded there; None, with a WARNING, when it cannot be."""
+    path = run_folder.spark_event_log_path(stage)
+    try:
+        lake.write_bytes(lake.join(run, path), log_file.read_bytes())
+    except Exception as error:
+        logger.warning("Spark event log not kept in the run folder: %s: %s", type(error).__name__, error)
+        return None
+    return path
 
 
 def event_log_file(folder: Path) -> Path:

@@ -89,6 +89,17 @@ def submit(folder: Path, master: str) -> dict:
     return {"run": run, "stats": lake.read_json(run_folder.stats_uri(run, metrics_stage.STAGE))}
 
 
+def test_an_event_log_that_cannot_be_kept_leaves_the_metrics_without_it(tmp_path, caplog):
+    folder = tmp_path / "events"
+    folder.mkdir()
+    (folder / "local-1795648957074").write_text(RECORDED.read_text())
+    (tmp_path / "a file").write_text("where the run folder would be")
+    with caplog.at_level(logging.WARNING, logger="spark_jobs"):
+        summary = spark_metrics.record(f"file://{tmp_path}/a file", "window", folder)
+    assert summary["tasks"] == 8 and summary["event_log"] is None
+    assert "Spark event log not kept in the run folder" in caplog.text and not folder.exists()
+
+
 @pytest.fixture(scope="module")
 def submitted(tmp_path_factory) -> dict:
     return submit(tmp_path_factory.mktemp("metrics"), "local[2]")
