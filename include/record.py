@@ -1,8 +1,8 @@
 """The run's record: a run folder read on local disk or on S3 (RunFolder), the files of it that
 make the record, and the collect task, which copies them to S3 with the run's report.
 
-The record is the resolved config, stats/, model/, samples.txt and tensorboard/ of the run folder;
-it goes to s3://{s3.bucket}/{s3.prefix}/{run folder name}/ through the amazon provider's S3Hook, so the
+The record is the resolved config, stats/, model/, spark-events/, samples.txt and tensorboard/ of the run
+folder; it goes to s3://{s3.bucket}/{s3.prefix}/{run folder name}/ through the amazon provider's S3Hook, so the
 Airflow AWS connection decides where S3 is (AWS, LocalStack or a local moto server).
 """
 
@@ -26,7 +26,13 @@ log = logging.getLogger(__name__)
 AWS_CONN_ID = "aws_default"
 RECORD_FILES = (run_folder.CONFIG_FILE, run_folder.SAMPLES_PATH)
 RECORD_FOLDERS = tuple(
-    f"{folder}/" for folder in (run_folder.STATS_FOLDER, run_folder.MODEL_FOLDER, run_folder.TENSORBOARD_FOLDER)
+    f"{folder}/"
+    for folder in (
+        run_folder.STATS_FOLDER,
+        run_folder.MODEL_FOLDER,
+        run_folder.SPARK_EVENTS_FOLDER,
+        run_folder.TENSORBOARD_FOLDER,
+    )
 )
 
 

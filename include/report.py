@@ -30,6 +30,7 @@ def build_report(run, s3_uri: str, stages: tuple[str, ...]) -> dict:
         "splits": stats["export"].get("splits", {}),
         "model": config["model"] | {"dim": config["embedding"]["dim"], "block_size": config["data"]["block_size"]},
         "stage_seconds": {stage: stats[stage].get("duration_s") for stage in stages},
+        "spark": {stage: stats[stage].get("spark") for stage in stages},
         "warnings": [f"[{stage}] {message}" for stage in stages for message in stats[stage].get("warnings", [])],
         "train": train,
         "evaluations": evaluations(run.read(run_folder.EPOCHS_CSV_PATH).decode("utf-8")),
@@ -82,6 +83,7 @@ def report_text(report: dict) -> str:
         f"{resumed_text(train)}\n\n"
         f"## Validation\n\n| {' | '.join(CURVE_HEADINGS)} |\n|{'---|' * len(CURVE_HEADINGS)}\n{curve}\n\n"
         f"## Stages\n\n| stage | seconds |\n|---|---|\n{stages}\n\n"
+        + spark_text(report.get("spark", {}))
         + (emr_text(report["emr"]) if "emr" in report else "")
         + (f"## Warnings\n\n{warnings}\n\n" if warnings else "")
         + f"## Sample\n\n```\n{report['sample']}\n```\n"
@@ -105,6 +107,58 @@ def resumed_text(train: dict) -> str:
         f" (resumed from step {train['resumed_from_step']:,}: the speed and time are of the last "
         f"{figure(train.get('steps_this_attempt'))} steps)"
     )
+
+
+SPARK_HEADINGS = (
+    "stage",
+    "executors",
+    "jobs",
+    "stages",
+    "tasks (failed)",
+    "task s min / median / max",
+    "run s",
+    "GC s",
+    "input MB (records)",
+    "output MB (records)",
+    "shuffle read / write MB",
+    "peak memory MB",
+)
+
+
+def spark_text(spark: dict[str, dict | None]) -> str:
+    """The table of each stage's Spark metrics (its stats' `spark`); a stage without them shows '?'."""
+    if not spark:
+        return ""
+    rows = "\n".join(f"| {stage} | {spark_row(metrics)} |" for stage, metrics in spark.items())
+    return (
+        "## Spark\n\nWhat Spark recorded of each stage's application (its event log: spark-events/ in the run folder)."
+        f"\n\n| {' | '.join(SPARK_HEADINGS)} |\n|{'---|' * len(SPARK_HEADINGS)}\n{rows}\n\n"
+    )
+
+
+def spark_row(metrics: dict | None) -> str:
+    if metrics is None:
+        return " | ".join("?" * (len(SPARK_HEADINGS) - 1))
+    seconds = metrics["task_seconds"]
+    return " | ".join(
+        (
+            figure(metrics["executors"]),
+            figure(metrics["jobs"]),
+            figure(metrics["stages"]),
+            f"{figure(metrics['tasks'])} ({figure(metrics['failed_tasks'])})",
+            " / ".join(figure(seconds[key], ",.2f") for key in ("min", "median", "max")),
+            figure(metrics["executor_run_seconds"], ",.1f"),
+            figure(metrics["gc_seconds"], ",.1f"),
+            f"{megabytes(metrics['input_bytes'])} ({figure(metrics['input_records'])})",
+            f"{megabytes(metrics['output_bytes'])} ({figure(metrics['output_records'])})",
+            f"{megabytes(metrics['shuffle_read_bytes'])} / {megabytes(metrics['shuffle_write_bytes'])}",
+            megabytes(metrics["peak_execution_memory_bytes"]),
+        )
+    )
+
+
+def megabytes(count: int | None) -> str:
+    return figure(None if count is None else count / 1e6, ",.1f")
 
 
 def emr_text(cluster: dict) -> str:

@@ -90,3 +90,10 @@ def machine_addresses() -> list[str]:
             if scope == "00" and not address.is_loopback:  # global scope (link-local needs an interface)
                 found.append(str(address))
     return found
+
+
+def free_port() -> int:
+    """A loopback port no one listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

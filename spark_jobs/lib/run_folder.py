@@ -44,6 +44,8 @@ STAGING_FOLDER = "_staging"
 STATS_FOLDER = "stats"
 EPOCHS_CSV_PATH = f"{STATS_FOLDER}/epochs.csv"
 ERRORS_FOLDER = "errors"  # error_path
+# Every Spark application's event log, one file per stage (spark_event_log_path), for the History Server.
+SPARK_EVENTS_FOLDER = "spark-events"
 PROGRESS_FOLDER = "progress"  # progress_path
 # train's: the backup an unfinished training resumes from, and the model with a copy of the tokenizer.
 BACKUP_FOLDER = "checkpoints"
@@ -119,6 +121,11 @@ def stats_path(stage: str) -> str:
 
 def stats_uri(run: str, stage: str) -> str:
     return lake.join(run, stats_path(stage))
+
+
+def spark_event_log_path(stage: str) -> str:
+    """Where, in the run folder, a stage's Spark event log goes (spark_jobs.lib.spark_metrics)."""
+    return f"{SPARK_EVENTS_FOLDER}/{stage}"
 
 
 def error_path(stage: str) -> str:

@@ -8,10 +8,11 @@ import argparse
 import json
 import logging
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
-from spark_jobs.lib import lake, log, run_folder
+from spark_jobs.lib import lake, log, run_folder, spark_metrics
 from spark_jobs.lib.config import PipelineConfig, to_uri
 from spark_jobs.lib.config_files import from_json
 from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
@@ -50,8 +51,13 @@ def spark_session(stage: str):
     from pyspark.sql import SparkSession
 
     # Settings come from spark-submit: include/spark_submit.stage_conf's on every target, plus on
-    # EMR the parallelism and the train executors' sizing of include/emr.py.
-    return SparkSession.builder.appName(f"gpt-pipeline-{stage}").getOrCreate()
+    # EMR the parallelism and the train executors' sizing of include/emr.py. The event log's folder
+    # is made here, in the driver, on every target (spark_jobs.lib.spark_metrics). It is not removed
+    # when the stage fails: Spark's shutdown still writes there.
+    builder = SparkSession.builder.appName(f"gpt-pipeline-{stage}")
+    for key, value in spark_metrics.event_log_conf(tempfile.mkdtemp(prefix=f"spark-events-{stage}-")).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
 def stop_spark(spark) -> None:
@@ -93,7 +99,12 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
     run = parse_args(stage, argv).run_dir
     try:
         config = load_run_config(run)
-        for leftover in (run_folder.error_path(stage), run_folder.progress_path(stage)):
+        leftovers = (
+            run_folder.error_path(stage),
+            run_folder.progress_path(stage),
+            run_folder.spark_event_log_path(stage),
+        )
+        for leftover in leftovers:
             lake.delete(lake.join(run, leftover))
         cleared = run_folder.clear_stage(run, stage)
         if stage in cleared and resume_folder:  # left by a completed run that could not remove it
@@ -109,7 +120,9 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
         if "timings" in stats:  # seconds of each part of the body, to the millisecond as duration_s
             stats["timings"] = {part: round(seconds, 3) for part, seconds in stats["timings"].items()}
         stats["stage"] = stage
+        event_log_folder = spark_metrics.event_log_folder(spark)
         stop_spark(spark)
+        stats["spark"] = spark_metrics.record(run, stage, event_log_folder)
         run_folder.complete_stage(run, stage, stats)
         if resume_folder:
             remove_resume_folder(run, stage, resume_folder)

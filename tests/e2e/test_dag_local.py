@@ -231,6 +231,16 @@ def test_the_report_agrees_with_the_training_stats(collected_run):
 
 
 @pytest.mark.slow
+def test_every_stage_records_its_spark_metrics_and_its_event_log_goes_with_the_record(collected_run):
+    for stage in STAGE_NAMES:
+        spark = json.loads(collected_run.read(run_folder.stats_path(stage)))["spark"]
+        # generate samples on the driver: its application runs no task
+        assert (spark["tasks"] > 0) == (stage != "generate") and spark["executors"] == 1, (stage, spark)
+        assert spark["event_log"] == run_folder.spark_event_log_path(stage) in collected_run.keys
+    assert f"| {STAGE_NAMES[0]} | 1 | " in collected_run.read(run_folder.REPORT_TEXT).decode()
+
+
+@pytest.mark.slow
 def test_the_sample_continues_the_prompt_and_is_in_the_report(collected_run):
     prompt = json.loads(collected_run.read(run_folder.CONFIG_FILE))["generate"]["prompt"]
     sample = collected_run.read(run_folder.SAMPLES_PATH).decode()

@@ -198,6 +198,16 @@ def test_a_killed_worker_is_resumed_from_the_last_backup_within_the_step(rehears
     assert train["steps_this_attempt"] == 300 - train["resumed_from_step"]
 
 
+def test_every_stage_records_its_spark_metrics_with_an_executor_per_core_node(rehearsed):
+    nodes = rehearsed["config"].emr.core_instance_count
+    for stage in STAGE_NAMES:
+        spark = stats(rehearsed, stage)["spark"]
+        assert spark["app_id"].startswith("app-") and (spark["tasks"] > 0) == (stage != "generate"), (stage, spark)
+        assert spark["executors"] == nodes, (stage, spark)
+        assert run_file(rehearsed, spark["event_log"]).startswith(b'{"Event":"SparkListenerLogStart"')
+    assert stats(rehearsed, "train")["spark"]["failed_tasks"] >= 1  # the killed worker's barrier task
+
+
 def test_the_model_loads_and_predicts(rehearsed, tmp_path):
     prefix = f"{rehearsed['run_prefix']}/model/"
     for key, body in rehearsed["run"].items():

@@ -45,3 +45,32 @@ def test_the_report_counts_the_files_read_apart_from_those_skipped():
     report = small_report(corpus=["file:///books/**/*.txt"], files=37, skipped_files=1)
     assert "- corpus: file:///books/**/*.txt (36 files read, 1 skipped): " in report_text(report)
     assert "- corpus: file:///books/**/*.txt (37 files): " in report_text(report | {"skipped_files": 0})
+
+
+def test_the_report_has_a_row_of_spark_metrics_per_stage_and_question_marks_where_there_are_none():
+    metrics = {
+        "app_id": "local-1",
+        "executors": 1,
+        "jobs": 2,
+        "stages": 3,
+        "tasks": 1200,
+        "failed_tasks": 1,
+        "task_seconds": {"min": 0.334, "median": 1.442, "max": 2.543},
+        "executor_run_seconds": 10.404,
+        "gc_seconds": 0.134,
+        "input_bytes": 2_500_000,
+        "input_records": 5000,
+        "output_bytes": 0,
+        "output_records": 0,
+        "shuffle_read_bytes": 874_000,
+        "shuffle_write_bytes": 900_000,
+        "peak_execution_memory_bytes": 16_908_288,
+        "event_log": "spark-events/tokenize",
+    }
+    text = report_text(small_report(spark={"tokenize": metrics, "train": None}))
+    assert (
+        "| tokenize | 1 | 2 | 3 | 1,200 (1) | 0.33 / 1.44 / 2.54 | 10.4 | 0.1 | 2.5 (5,000) | 0.0 (0) | 0.9 / 0.9 "
+        "| 16.9 |\n" in text
+    )
+    assert "| train | ? | ? | ? | ? | ? | ? | ? | ? | ? | ? | ? |\n" in text
+    assert "## Spark" not in report_text(small_report())

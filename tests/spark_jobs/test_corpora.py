@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs import export_tfrecord, positional_embed, tokenize_corpus, window
-from spark_jobs.lib import bpe, lake, parts, run_folder
+from spark_jobs.lib import bpe, lake, parts, run_folder, spark_metrics
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.stage import run_stage
 from tests.conftest import new_run, small_config
@@ -38,20 +38,23 @@ def shut_down_jvm() -> None:
 
 
 @pytest.fixture(scope="module")
-def spark():
+def spark(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         # Python workers: this interpreter, and the repository importable (the stage modules).
         patch.setenv("PYSPARK_PYTHON", sys.executable)
         patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
         from pyspark.sql import SparkSession
 
-        session = (
+        builder = (
             SparkSession.builder.master("local[2]")
             .appName("test-bad-input")
             .config("spark.ui.enabled", "false")
             .config("spark.log.level", "WARN")
-            .getOrCreate()
         )
+        # As a stage's own session does: the first stage run here records its Spark metrics from it.
+        for key, value in spark_metrics.event_log_conf(tmp_path_factory.mktemp("spark-events")).items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
         yield session
         session.stop()
         shut_down_jvm()
