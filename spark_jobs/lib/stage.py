@@ -10,6 +10,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 
 from spark_jobs.lib import lake, log, run_folder
 from spark_jobs.lib.config import PipelineConfig, to_uri
@@ -101,6 +102,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
         stale = [name for name in cleared if name != stage]
         if stale:
             logger.log(log.NOTE, "%s read this stage's outputs: no longer complete", ", ".join(stale))
+        started_at = utc_now()  # with Spark's start-up and teardown, for the report's timeline
         spark = spark_session(stage)
         started = time.perf_counter()
         stats = body(spark, config, run)
@@ -110,6 +112,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
             stats["timings"] = {part: round(seconds, 3) for part, seconds in stats["timings"].items()}
         stats["stage"] = stage
         stop_spark(spark)
+        stats |= {"started_at": started_at, "finished_at": utc_now()}
         run_folder.complete_stage(run, stage, stats)
         if resume_folder:
             remove_resume_folder(run, stage, resume_folder)
@@ -122,6 +125,10 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
         raise
     logger.info("done: %s", json.dumps(brief(stats, run_folder.stats_path(stage)), sort_keys=True))
     return stats
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def remove_resume_folder(run: str, stage: str, folder: str) -> None:

@@ -37,7 +37,10 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     copied = record(s3, name)
     kept = {key: data for key, data in files.items() if not key.startswith(f"{run_folder.TOKENS_FOLDER}/")}
     assert {key: copied[key] for key in kept} == kept
-    assert set(copied) == set(kept) | {run_folder.REPORT_JSON, run_folder.REPORT_TEXT}
+    assert set(copied) == set(kept) | set(run_folder.REPORTS)
+    html = s3.client().head_object(Bucket=RECORD_BUCKET, Key=f"runs/{name}/{run_folder.REPORT_HTML}")
+    assert html["ContentType"] == "text/html; charset=utf-8"  # a browser shows it opened from S3
+    assert lake.read_bytes(lake.join(run_dir, run_folder.REPORT_HTML)) == copied[run_folder.REPORT_HTML]
     assert json.loads(copied[run_folder.REPORT_JSON]) == report
     assert report["s3_uri"] == f"s3://{RECORD_BUCKET}/runs/{name}/"
     assert (report["final_val_loss"], report["val_nats_per_char"]) == (2.5, 0.9)
