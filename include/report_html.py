@@ -102,9 +102,9 @@ def charts(report: dict) -> dict:
     }
 
 
-def timeline(report: dict) -> dict | None:
-    """Bars from start to end: on EMR the cluster's start-up and every step EMR ran (retries
-    included), else each stage's Spark application. None when no times were recorded."""
+def timeline_spans(report: dict) -> list[tuple[str, datetime, datetime, str]]:
+    """(name, start, end, state) of what ran: on EMR the cluster's start-up and every step EMR ran
+    (retries included), else each stage's Spark application; those with both times recorded."""
     if "emr" in report:
         cluster = report["emr"]
         spans = [("cluster start-up", cluster.get("created"), cluster.get("ready"), "STARTUP")]
@@ -112,11 +112,16 @@ def timeline(report: dict) -> dict | None:
     else:
         times = report.get("stage_times", {})
         spans = [(stage, *times.get(stage, (None, None)), "COMPLETED") for stage in report["stage_seconds"]]
-    spans = [
+    return [
         (name, datetime.fromisoformat(start), datetime.fromisoformat(end), state)
         for name, start, end, state in spans
         if start and end
     ]
+
+
+def timeline(report: dict) -> dict | None:
+    """The timeline's bars and axis, from its first start; None when no times were recorded."""
+    spans = timeline_spans(report)
     if not spans:
         return None
     origin = min(start for _, start, _, _ in spans)
