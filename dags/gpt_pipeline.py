@@ -185,9 +185,8 @@ def collect(run_dir: str, cluster_id: str | None = None) -> dict:
         report["final_val_loss"],
         report["val_nats_per_char"],
     )
-    html = report_url(report["s3_uri"], s3.conn_config.get_service_endpoint_url("s3"), s3.conn_region_name)
-    log.info("report: %s%s (in a browser: %s)", report["s3_uri"], run_folder.REPORT_HTML, html)
-    get_current_context()["ti"].xcom_push(key=REPORT_URL_KEY, value=html)
+    log.info("report: %s%s (the task's link Run report opens it)", report["s3_uri"], run_folder.REPORT_HTML)
+    get_current_context()["ti"].xcom_push(key=REPORT_URL_KEY, value=report_url(report["s3_uri"], s3))
     return report
 
 

@@ -7,7 +7,7 @@ XComs; the collect task leaves the report's address as its `report_url` XCom for
 
 from __future__ import annotations
 
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import BaseOperatorLink, BaseXCom
@@ -15,16 +15,19 @@ from airflow.sdk import BaseOperatorLink, BaseXCom
 from spark_jobs.lib import run_folder
 
 REPORT_URL_KEY = "report_url"
+LINK_SECONDS = 7 * 24 * 3600  # the longest a presigned URL lasts
 
 
-def report_url(s3_uri: str, endpoint_url: str | None, region: str | None) -> str:
-    """Where a browser opens the report.html of the record at `s3_uri`: on an S3 endpoint of the
-    connection's own (the moto server, LocalStack) the object itself, path-style; on AWS the S3
-    console's page of it (the record is private: the console signs the user in)."""
-    bucket, _, prefix = s3_uri.removeprefix("s3://").partition("/")
-    key = f"{prefix.rstrip('/')}/{run_folder.REPORT_HTML}"
-    if endpoint_url:
-        return f"{endpoint_url.rstrip('/')}/{bucket}/{quote(key)}"
+def report_url(s3_uri: str, hook) -> str:
+    """Where a browser opens the report.html of the record at `s3_uri`. On an S3 endpoint of the
+    connection's own (the moto server of `make airflow`, LocalStack), a presigned URL of the object:
+    S3 serves a private object to no one else. On AWS, the S3 console's page of the object, which
+    signs the user in: no address that is itself an access to the record."""
+    bucket, key = hook.parse_s3_url(s3_uri.rstrip("/") + "/" + run_folder.REPORT_HTML)
+    if hook.conn_config.get_service_endpoint_url("s3"):
+        params = {"Bucket": bucket, "Key": key}
+        return hook.generate_presigned_url("get_object", params=params, expires_in=LINK_SECONDS)
+    region = hook.conn_region_name
     query = {"prefix": key} | ({"region": region} if region else {})
     return f"https://console.aws.amazon.com/s3/object/{bucket}?{urlencode(query)}"
 

@@ -4,10 +4,12 @@ S3Hook and the Airflow connection, against a moto server: from a local run folde
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import pytest
 
 from include.record import collect_record
+from include.report_link import report_url
 from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError
@@ -119,3 +121,14 @@ def test_make_run_reads_the_report_collect_wrote_whatever_the_prefix(s3, hook, t
     finished_run(s3, run_dir, run_files(config.to_json()))
     report = collect_record(run_dir, hook, STAGE_NAMES)
     assert read_report(s3, config) == report
+
+
+def test_the_run_report_link_opens_report_html_on_an_s3_endpoint_of_its_own(s3, hook, tmp_path):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    run_dir = run_folder.run_dir(config, "linked")
+    finished_run(s3, run_dir, run_files(config.to_json()))
+    url = report_url(collect_record(run_dir, hook, STAGE_NAMES)["s3_uri"], hook)
+    assert url.startswith(f"{s3.endpoint_url}/{RECORD_BUCKET}/runs/linked/report.html?")
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=30) as response:  # loopback
+        assert response.headers["Content-Type"] == "text/html; charset=utf-8"
+        assert response.read() == record(s3, "linked")[run_folder.REPORT_HTML]
