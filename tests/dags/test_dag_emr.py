@@ -374,13 +374,16 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
     }
     assert steps["window (try 2)"] == steps["window"]
     # the report's timeline: the cluster's start-up, then every step EMR ran, the failed try included
-    (key,) = [
-        item["Key"]
+    run = run_folder.safe_run_id(dag_run.run_id)
+    pages = [  # the record's and the run folder's (on S3 too)
+        aws["s3"].get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read().decode()
         for item in aws["s3"].list_objects_v2(Bucket=BUCKET)["Contents"]
-        if item["Key"].endswith(f"/{run_folder.REPORT_HTML}")
+        if item["Key"].endswith(f"{run}/{run_folder.REPORT_HTML}")
     ]
-    bars = re.findall(r'<rect class="bar (\w+)"', aws["s3"].get_object(Bucket=BUCKET, Key=key)["Body"].read().decode())
-    assert bars == ["startup", "completed", "failed", *["completed"] * (len(STAGE_NAMES) - 1)]
+    assert len(pages) == 2
+    for page in pages:
+        bars = re.findall(r'<rect class="bar (\w+)"', page)
+        assert bars == ["startup", "completed", "failed", *["completed"] * (len(STAGE_NAMES) - 1)]
 
 
 def test_the_train_task_logs_the_progress_the_running_step_reports(airflow_db, aws, capfd):
