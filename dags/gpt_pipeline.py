@@ -34,6 +34,7 @@ from airflow.sdk import (
     Asset,
     AssetAny,
     AssetOrTimeSchedule,
+    XComArg,
     chain,
     get_current_context,
     task,
@@ -46,6 +47,7 @@ from include.emr_tasks import EmrClusterReadySensor, EmrCreateClusterOperator, E
 from include.promote import latest_folder, promote_record
 from include.prune import remove_old_runs
 from include.record import AWS_CONN_ID, RunFolder, check_bucket, collect_record
+from include.report_link import REPORT_URL_KEY, CollectOperator, report_url
 from include.schedule import cron_timetable
 from include.spark_submit import packaged_code
 from spark_jobs.lib import corpus_files, lake, memory, run_folder
@@ -169,10 +171,9 @@ def run_local_stage(stage: str, run_dir: str) -> dict:
     return local_spark.headline(lake.read_json(run_folder.stats_uri(run_dir, stage)))
 
 
-@task
 def collect(run_dir: str, cluster_id: str | None = None) -> dict:
     """Copy config, stats, model and samples to S3 and write the run report (on EMR with the
-    cluster's steps and cost so far)."""
+    cluster's steps and cost so far); the task's "Run report" link leads to its report.html."""
     from airflow.providers.amazon.aws.hooks.emr import EmrHook
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
@@ -190,7 +191,16 @@ def collect(run_dir: str, cluster_id: str | None = None) -> dict:
         report["final_val_loss"],
         report["val_nats_per_char"],
     )
+    log.info("report: %s%s (the task's link Run report opens it)", report["s3_uri"], run_folder.REPORT_HTML)
+    get_current_context()["ti"].xcom_push(key=REPORT_URL_KEY, value=report_url(report["s3_uri"], s3))
     return report
+
+
+def collect_task(run_dir, cluster_id=None) -> XComArg:
+    """The collect task, with its link to the report."""
+    return CollectOperator(
+        task_id="collect", python_callable=collect, op_kwargs={"run_dir": run_dir, "cluster_id": cluster_id}
+    ).output
 
 
 @task(outlets=[MODEL_ASSET])
@@ -240,7 +250,7 @@ with DAG(
     if CONFIG.target == "local":
         run_dir = validate_config()
         stages = [run_local_stage.override(task_id=stage)(stage, run_dir) for stage in STAGE_NAMES]
-        report = collect(run_dir)
+        report = collect_task(run_dir)
         chain(run_dir, *stages, report)
         promote(report)
         report >> prune_runs(run_dir)
@@ -279,7 +289,7 @@ with DAG(
             )
             for stage in STAGE_NAMES
         ]
-        report = collect(run_dir, cluster_id)
+        report = collect_task(run_dir, cluster_id)
 
         # Teardown: runs whatever happened to the steps; a failed step still fails the run, and so
         # does a failed terminate (the cluster may still be up), which a teardown would not otherwise.

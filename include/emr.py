@@ -349,12 +349,14 @@ def cluster_record(emr_client, cluster_id: str, config: PipelineConfig) -> dict:
     cluster = emr_client.describe_cluster(ClusterId=cluster_id)["Cluster"]
     pages = emr_client.get_paginator("list_steps").paginate(ClusterId=cluster_id)
     steps = [step for page in pages for step in page["Steps"]][::-1]
-    created = cluster["Status"]["Timeline"]["CreationDateTime"]
+    timeline = cluster["Status"]["Timeline"]
+    created = timeline["CreationDateTime"]
     hours = (datetime.now(timezone.utc) - created).total_seconds() / 3600
     return {
         "cluster_id": cluster_id,
         "release": cluster.get("ReleaseLabel"),
         "created": created.isoformat(),
+        "ready": iso_time(timeline.get("ReadyDateTime")),  # start-up and bootstrap done
         "hours_so_far": round(hours, 2),
         "cost_usd_so_far": round(hours * hourly_cost_usd(config), 2),
         "cost_basis": price_basis(config),
@@ -366,7 +368,18 @@ def step_record(step: dict) -> dict:
     timeline = step["Status"].get("Timeline", {})
     started, ended = timeline.get("StartDateTime"), timeline.get("EndDateTime")
     seconds = round((ended - started).total_seconds(), 1) if started and ended else None
-    return {"name": step["Name"], "id": step["Id"], "state": step["Status"]["State"], "seconds": seconds}
+    return {
+        "name": step["Name"],
+        "id": step["Id"],
+        "state": step["Status"]["State"],
+        "seconds": seconds,
+        "started": iso_time(started),
+        "ended": iso_time(ended),
+    }
+
+
+def iso_time(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment else None
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:

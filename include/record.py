@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from include.report import build_report, report_text
+from include.report_html import report_html
 from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.config import PipelineConfig
 from spark_jobs.lib.config_files import from_json
@@ -34,6 +35,12 @@ RECORD_FOLDERS = tuple(
         run_folder.TENSORBOARD_FOLDER,
     )
 )
+# The reports' media types on S3: a browser shows report.html opened from there (the console, a link).
+CONTENT_TYPES = {
+    run_folder.REPORT_JSON: "application/json",
+    run_folder.REPORT_TEXT: "text/markdown; charset=utf-8",
+    run_folder.REPORT_HTML: "text/html; charset=utf-8",
+}
 
 
 class RunFolder:
@@ -137,9 +144,13 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | No
         hook.load_bytes(run.read(path), key=f"{prefix}/{path}", bucket_name=bucket, replace=True)
     record.remove(*[path for path in record.files() if path not in paths])  # an earlier collect's, gone from the run
     report = build_report(run, f"s3://{bucket}/{prefix}/", stages) | (extra or {})
-    files = {run_folder.REPORT_TEXT: report_text(report), run_folder.REPORT_JSON: json.dumps(report, indent=2)}
+    files = {  # report.json last
+        run_folder.REPORT_TEXT: report_text(report),
+        run_folder.REPORT_HTML: report_html(report),
+        run_folder.REPORT_JSON: json.dumps(report, indent=2),
+    }
     for name, text in files.items():
-        hook.load_string(text, key=f"{prefix}/{name}", bucket_name=bucket, replace=True)
+        hook.conn.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=text.encode(), ContentType=CONTENT_TYPES[name])
     try:
         for name, text in files.items():
             run.write(name, text.encode("utf-8"))

@@ -1,14 +1,17 @@
 """The run's report, written by the collect task: its figures gathered from the run folder's
 stats, config and samples (build_report, report.json) and the page that shows them (report_text,
-report.md)."""
+report.md; report.html is include/report_html.py's)."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 from datetime import datetime, timezone
 
 from spark_jobs.lib import run_folder
+from spark_jobs.lib.config_files import load_config
+from spark_jobs.lib.stages import changed_settings
 
 
 def build_report(run, s3_uri: str, stages: tuple[str, ...]) -> dict:
@@ -30,7 +33,10 @@ def build_report(run, s3_uri: str, stages: tuple[str, ...]) -> dict:
         "splits": stats["export"].get("splits", {}),
         "model": config["model"] | {"dim": config["embedding"]["dim"], "block_size": config["data"]["block_size"]},
         "stage_seconds": {stage: stats[stage].get("duration_s") for stage in stages},
+        # Each stage's Spark application from start to stop (the timeline), and Spark's metrics of it.
+        "stage_times": {stage: [stats[stage].get("started_at"), stats[stage].get("finished_at")] for stage in stages},
         "spark": {stage: stats[stage].get("spark") for stage in stages},
+        "settings": {path: list(values) for path, values in changed_settings(defaults(), config).items()},
         "warnings": [f"[{stage}] {message}" for stage in stages for message in stats[stage].get("warnings", [])],
         "train": train,
         "evaluations": evaluations(run.read(run_folder.EPOCHS_CSV_PATH).decode("utf-8")),
@@ -38,14 +44,21 @@ def build_report(run, s3_uri: str, stages: tuple[str, ...]) -> dict:
     }
 
 
+def defaults() -> dict:
+    """The settings of the defaults file (pipeline.yaml, or GPT_PIPELINE_CONFIG's), resolved as a
+    run's config.json holds them: the report lists the settings the run changed."""
+    return json.loads(load_config().to_json())
+
+
 CURVE_COLUMNS = ("step", "train_loss", "val_loss", "val_nats_per_char", "learning_rate")
 CURVE_HEADINGS = ("step", "training loss", "validation loss", "validation nats/char", "learning rate")
 
 
 def evaluations(epochs_csv: str) -> list[dict]:
-    """The validation passes of stats/epochs.csv: step, losses and learning rate of each."""
+    """The validation passes of stats/epochs.csv: step, losses, learning rate and tokens/s of each."""
     rows = csv.DictReader(io.StringIO(epochs_csv))
-    return [{column: float(row[column]) for column in CURVE_COLUMNS if row.get(column)} for row in rows]
+    columns = (*CURVE_COLUMNS, "tokens_per_s")
+    return [{column: float(row[column]) for column in columns if row.get(column)} for row in rows]
 
 
 def figure(value, spec: str = ",") -> str:

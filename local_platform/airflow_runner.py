@@ -207,6 +207,7 @@ def stage_error(config: PipelineConfig, new_folders: set[str]) -> str:
 def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterable[str] = ()) -> None:
     print(f"\nrun folder:       {report['run_folder']}")
     print(f"report:           {report['run_folder']}/{run_folder.REPORT_TEXT}")
+    print(f"report page:      {report['run_folder']}/{run_folder.REPORT_HTML}")
     print(f"S3 record:        {report['s3_uri']} (served by the moto server, gone when this command ends)")
     print(f"latest model:     {pointer_uri} -> {pointer['model']}")
     print(f"final val loss:   {report['final_val_loss']:.4f} nats/token")

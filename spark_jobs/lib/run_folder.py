@@ -60,7 +60,8 @@ TENSORBOARD_FOLDER = "tensorboard"
 # The run's report, written by the collect task once every stage has completed.
 REPORT_JSON = "report.json"
 REPORT_TEXT = "report.md"
-REPORTS = (REPORT_JSON, REPORT_TEXT)
+REPORT_HTML = "report.html"  # one file: its charts and styles inline
+REPORTS = (REPORT_JSON, REPORT_TEXT, REPORT_HTML)
 # Held by the command or task using a local run folder (include/locks.py); hidden: no reader of the
 # run folder takes it for an output.
 LOCK_FILE = ".in-use.lock"

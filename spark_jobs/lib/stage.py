@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 
 from spark_jobs.lib import lake, log, run_folder, spark_metrics
 from spark_jobs.lib.config import PipelineConfig, to_uri
@@ -112,6 +113,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
         stale = [name for name in cleared if name != stage]
         if stale:
             logger.log(log.NOTE, "%s read this stage's outputs: no longer complete", ", ".join(stale))
+        started_at = utc_now()  # with Spark's start-up and teardown, for the report's timeline
         spark = spark_session(stage)
         started = time.perf_counter()
         stats = body(spark, config, run)
@@ -123,6 +125,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
         event_log_folder = spark_metrics.event_log_folder(spark)
         stop_spark(spark)
         stats["spark"] = spark_metrics.record(run, stage, event_log_folder)
+        stats |= {"started_at": started_at, "finished_at": utc_now()}
         run_folder.complete_stage(run, stage, stats)
         if resume_folder:
             remove_resume_folder(run, stage, resume_folder)
@@ -135,6 +138,10 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
         raise
     logger.info("done: %s", json.dumps(brief(stats, run_folder.stats_path(stage)), sort_keys=True))
     return stats
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def remove_resume_folder(run: str, stage: str, folder: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import runpy
 import threading
 import time
@@ -438,6 +439,17 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
         for step in aws["emr"].list_steps(ClusterId=only_cluster(aws)["Id"])["Steps"]
     }
     assert steps["window (try 2)"] == steps["window"]
+    # the report's timeline: the cluster's start-up, then every step EMR ran, the failed try included
+    run = run_folder.safe_run_id(dag_run.run_id)
+    pages = [  # the record's and the run folder's (on S3 too)
+        aws["s3"].get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read().decode()
+        for item in aws["s3"].list_objects_v2(Bucket=BUCKET)["Contents"]
+        if item["Key"].endswith(f"{run}/{run_folder.REPORT_HTML}")
+    ]
+    assert len(pages) == 2
+    for page in pages:
+        bars = re.findall(r'<rect class="bar (\w+)"', page)
+        assert bars == ["startup", "completed", "failed", *["completed"] * (len(STAGE_NAMES) - 1)]
 
 
 def test_the_train_task_logs_the_progress_the_running_step_reports(airflow_db, aws, capfd):

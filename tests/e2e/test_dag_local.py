@@ -11,11 +11,14 @@ import re
 import signal
 import sqlite3
 import subprocess
+import urllib.request
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from selenium.webdriver.common.by import By
 
+from include.report_link import REPORT_URL_KEY, RunReportLink
 from local_platform.airflow_runner import AIRFLOW, DAG_ID, prepare
 from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib import lake, run_folder, tensorboard_log
@@ -23,6 +26,7 @@ from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.stages import STAGE_NAMES
 from tests.conftest import SMALL_DATA, write_slice
+from tests.e2e.browser import chromium, full_page_screenshot
 
 BUCKET = load_config().s3.bucket
 SMALL_RUN = [
@@ -175,6 +179,8 @@ def collected_run(local_airflow, tmp_path_factory, shakespeare):
         keys={item["Key"][len(prefix) :] for item in listed},
         read=lambda name: client.get_object(Bucket=BUCKET, Key=prefix + name)["Body"].read(),
         tmp_path=tmp_path,
+        run_dir=run_folder.run_dir(load_config(overrides=[{"lake": str(tmp_path / "lake")}]), f"e2e-{run_id}"),
+        s3_endpoint=s3.endpoint_url,
     )
 
 
@@ -197,8 +203,7 @@ def test_the_record_on_s3_holds_config_stats_model_samples_tensorboard_and_repor
     expected = {
         run_folder.CONFIG_FILE,
         run_folder.SAMPLES_PATH,
-        run_folder.REPORT_JSON,
-        run_folder.REPORT_TEXT,
+        *run_folder.REPORTS,
         run_folder.EPOCHS_CSV_PATH,
     }
     assert expected | {run_folder.stats_path(stage) for stage in STAGE_NAMES} <= collected_run.keys
@@ -304,3 +309,69 @@ def test_the_collected_model_loads_and_predicts(collected_run):
     logits = np.asarray(model(np.array([ids], dtype=np.int32), training=False))
     assert logits.shape[:2] == (1, len(ids)) and logits.shape[2] >= tokenizer.get_vocab_size()
     assert np.isfinite(logits).all()
+
+
+def xcom(collected_run, task_id: str, key: str):
+    with sqlite3.connect(collected_run.home / "airflow.db") as db:
+        (value,) = db.execute(
+            "SELECT value FROM xcom WHERE run_id = ? AND task_id = ? AND key = ?", (collected_run.run_id, task_id, key)
+        ).fetchone()
+    return json.loads(value)
+
+
+@pytest.mark.slow
+def test_the_collect_tasks_run_report_link_opens_the_report_page_on_s3(collected_run):
+    url = xcom(collected_run, "collect", REPORT_URL_KEY)
+    assert url.startswith(f"{collected_run.s3_endpoint}/{BUCKET}/{collected_run.prefix}{run_folder.REPORT_HTML}?")
+    assert xcom(collected_run, "collect", RunReportLink().xcom_key) == url  # what the UI's link button opens
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=30) as response:  # loopback
+        assert response.headers["Content-Type"] == "text/html; charset=utf-8"
+        assert response.read() == collected_run.read(run_folder.REPORT_HTML)
+    assert f"report: s3://{BUCKET}/{collected_run.prefix}{run_folder.REPORT_HTML} (the task's link" in (
+        collected_run.output
+    )
+
+
+@pytest.fixture(scope="module")
+def report_page(collected_run, tmp_path_factory):
+    """The run folder's report.html open in headless Chromium, with a screenshot of all of it."""
+    with chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
+        driver.get(lake.join(collected_run.run_dir, run_folder.REPORT_HTML))
+        full_page_screenshot(driver, "dag-local-report.png")
+        yield driver
+
+
+@pytest.mark.slow
+def test_the_report_page_draws_a_point_per_validation_pass(collected_run, report_page):
+    rows = list(csv.DictReader(io.StringIO(collected_run.read(run_folder.EPOCHS_CSV_PATH).decode())))
+    for chart, series in (("chart-loss", ["training", "validation"]), ("chart-learning-rate", ["learning rate"])):
+        drawn = report_page.find_elements(By.CSS_SELECTOR, f"svg#{chart} g.series")
+        assert [group.get_attribute("data-name") for group in drawn] == series
+        assert [len(group.find_elements(By.CSS_SELECTOR, "circle.point")) for group in drawn] == [len(rows)] * len(
+            series
+        )
+    assert len(report_page.find_elements(By.CSS_SELECTOR, "svg#chart-tokens-per-s circle.point")) == len(rows)
+    assert len(report_page.find_elements(By.CSS_SELECTOR, "svg#timeline rect.bar")) == len(STAGE_NAMES)
+
+
+@pytest.mark.slow
+def test_the_report_pages_figures_are_the_reports(collected_run, report_page):
+    report = json.loads(collected_run.read(run_folder.REPORT_JSON))
+    assert lake.read_bytes(lake.join(collected_run.run_dir, run_folder.REPORT_HTML)) == collected_run.read(
+        run_folder.REPORT_HTML
+    )
+
+    def shown(element_id: str) -> str:
+        return report_page.find_element(By.ID, element_id).text
+
+    assert shown("figure-val-nats-per-char") == f"{report['val_nats_per_char']:.4f}"
+    assert shown("figure-val-loss") == f"{report['final_val_loss']:.4f}"
+    assert shown("figure-steps") == f"{report['train']['steps']:,}" == "40"
+    assert shown("figure-parameters") == f"{report['train']['parameters']:,}"
+    assert shown("figure-corpus-chars") == f"{sum(split['chars'] for split in report['splits'].values()):,}"
+    settings = shown("settings")
+    assert f"train.max_steps {load_config().train.max_steps} 40" in settings and "keep_runs null 1" in settings
+    spark = shown("spark-metrics")
+    for stage, metrics in report["spark"].items():  # Spark's metrics where the stage recorded them
+        assert metrics["app_id"] in spark if metrics else "not recorded" in spark, stage
+    assert report_page.find_element(By.ID, "sample").get_attribute("textContent") == report["sample"]

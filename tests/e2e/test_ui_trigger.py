@@ -26,9 +26,7 @@ from urllib.parse import quote
 
 import boto3
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -42,24 +40,10 @@ from spark_jobs.lib import run_folder
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.stages import STAGE_NAMES
+from tests.e2e.browser import ARTIFACTS, chromium
 
 TASKS = ["validate_config", *STAGE_NAMES, "collect", "promote", "prune_runs"]
 USER = "admin"
-ARTIFACTS = REPO_ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-# Without the background-networking flags Chromium's own connections are refused on a closed network.
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1600,1000",
-)
 UI_LINE = re.compile(r"Airflow UI: (?P<api>http://\S+) \(DAG \w+\); S3 \(moto\): (?P<s3>http://\S+);")
 STARTUP_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 900
@@ -188,16 +172,8 @@ def airflow_ui(tmp_path):
 
 @pytest.fixture
 def browser(tmp_path):
-    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
-    assert not missing, f"{', '.join(missing)} missing: `make test` installs Debian's chromium and chromium-driver"
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    yield driver
-    driver.quit()
+    with chromium(tmp_path / "chromium-profile") as driver:
+        yield driver
 
 
 def visible(by: str, value: str):

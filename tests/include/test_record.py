@@ -4,10 +4,12 @@ S3Hook and the Airflow connection, against a moto server: from a local run folde
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import pytest
 
 from include.record import collect_record
+from include.report_link import report_url
 from spark_jobs.lib import lake, run_folder
 from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.errors import PipelineError
@@ -37,7 +39,10 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     copied = record(s3, name)
     kept = {key: data for key, data in files.items() if not key.startswith(f"{run_folder.TOKENS_FOLDER}/")}
     assert {key: copied[key] for key in kept} == kept
-    assert set(copied) == set(kept) | {run_folder.REPORT_JSON, run_folder.REPORT_TEXT}
+    assert set(copied) == set(kept) | set(run_folder.REPORTS)
+    html = s3.client().head_object(Bucket=RECORD_BUCKET, Key=f"runs/{name}/{run_folder.REPORT_HTML}")
+    assert html["ContentType"] == "text/html; charset=utf-8"  # a browser shows it opened from S3
+    assert lake.read_bytes(lake.join(run_dir, run_folder.REPORT_HTML)) == copied[run_folder.REPORT_HTML]
     assert json.loads(copied[run_folder.REPORT_JSON]) == report
     assert report["s3_uri"] == f"s3://{RECORD_BUCKET}/runs/{name}/"
     assert (report["final_val_loss"], report["val_nats_per_char"]) == (2.5, 0.9)
@@ -116,3 +121,14 @@ def test_make_run_reads_the_report_collect_wrote_whatever_the_prefix(s3, hook, t
     finished_run(s3, run_dir, run_files(config.to_json()))
     report = collect_record(run_dir, hook, STAGE_NAMES)
     assert read_report(s3, config) == report
+
+
+def test_the_run_report_link_opens_report_html_on_an_s3_endpoint_of_its_own(s3, hook, tmp_path):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    run_dir = run_folder.run_dir(config, "linked")
+    finished_run(s3, run_dir, run_files(config.to_json()))
+    url = report_url(collect_record(run_dir, hook, STAGE_NAMES)["s3_uri"], hook)
+    assert url.startswith(f"{s3.endpoint_url}/{RECORD_BUCKET}/runs/linked/report.html?")
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=30) as response:  # loopback
+        assert response.headers["Content-Type"] == "text/html; charset=utf-8"
+        assert response.read() == record(s3, "linked")[run_folder.REPORT_HTML]

@@ -404,7 +404,10 @@ def test_the_run_summary_rounds_the_losses_and_offers_more_samples_of_the_runs_p
         "keep_runs:        removed 2 older run folder(s), their only copy (the S3 records of earlier make runs "
         "ended with them): r-0, r-1\n" in out
     )
-    assert f"run folder:       {folder.as_uri()}\nreport:           {folder.as_uri()}/report.md\n" in out
+    assert (
+        f"run folder:       {folder.as_uri()}\nreport:           {folder.as_uri()}/report.md\n"
+        f"report page:      {folder.as_uri()}/report.html\n" in out
+    )
     assert "final val loss:   4.3787 nats/token\nval nats/char:    1.7100\nwarning:          a file is short\n" in out
     assert "generated sample:\nROMEO: hark\n" in out
     assert out.endswith(

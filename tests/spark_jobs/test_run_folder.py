@@ -126,12 +126,10 @@ def test_the_local_runner_describes_each_stage_in_a_few_lines():
 def test_a_run_folder_used_again_is_no_longer_a_collected_run(tmp_path):
     """Its report goes as soon as a command takes it up again, so prune_runs leaves it alone."""
     run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
-    for report in (run_folder.REPORT_JSON, run_folder.REPORT_TEXT):
+    for report in run_folder.REPORTS:
         lake.write_text(lake.join(run, report), "{}")
     run_folder.create_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
-    assert not lake.exists(lake.join(run, run_folder.REPORT_JSON)) and not lake.exists(
-        lake.join(run, run_folder.REPORT_TEXT)
-    )
+    assert not any(lake.exists(lake.join(run, report)) for report in run_folder.REPORTS)
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path):
@@ -357,6 +355,6 @@ def test_the_run_folder_contract_names_the_documented_paths():
     assert (run_folder.CONFIG_FILE, run_folder.SAMPLES_PATH, run_folder.REPORTS, run_folder.TENSORBOARD_FOLDER) == (
         "config.json",
         "samples.txt",
-        ("report.json", "report.md"),
+        ("report.json", "report.md", "report.html"),
         "tensorboard",
     )
