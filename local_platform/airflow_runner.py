@@ -139,9 +139,7 @@ def fail_unfinished_runs(home: Path, env: dict[str, str]) -> None:
 
 
 STANDALONE_GRACE_S = 20  # after Ctrl-C, how long `make airflow` waits for Airflow to stop by itself
-
-
-READER_WAIT_S = 10  # after Airflow ends, how long its last lines may take to arrive
+READER_WAIT_S = 10  # after Airflow ends, how long its last lines may take to reach the output
 
 
 def pass_lines(stream, output: Output) -> None:
