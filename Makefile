@@ -10,6 +10,9 @@ SET ?=
 ARGS ?=
 # What `make tensorboard` shows: a run folder, or the folder of every run.
 RUN ?= lake/runs
+# VERBOSE=1: all of Airflow's, Spark's and TensorFlow's output on the console, not only in the log.
+VERBOSE ?=
+VERBOSE_ARG := $(if $(filter 1 yes true,$(VERBOSE)),--verbose)
 # Through the environment, not pasted into the command line, so that quotes, spaces and `#` in
 # them reach the run command as typed; the run command splits SET into words as a shell would.
 # $(value): as typed, `$` too, which make would otherwise expand (`$5` to nothing, `$(shell …)` run).
@@ -21,7 +24,7 @@ export CORPUS SET
 .DEFAULT_GOAL := help
 
 help:
-	@echo "make run      the whole pipeline (the Airflow DAG) on this machine; CORPUS='...' SET='section.key=value ...'"
+	@echo "make run      the whole pipeline (the Airflow DAG) on this machine; CORPUS='...' SET='section.key=value ...' VERBOSE=1"
 	@echo "make rehearse the DAG with target emr on this machine: moto's EMR and S3, a Spark standalone cluster (docs/rehearsal.md)"
 	@echo "make test     the test suite"
 	@echo "make airflow  Airflow with its UI on http://127.0.0.1:8080, to trigger and watch runs"
@@ -44,11 +47,11 @@ venv: $(BIN)/.installed
 
 # The whole DAG once with `airflow dags test`, S3 on a moto server that lives as long as the command.
 run: venv
-	$(BIN)/python -m local_platform.airflow_runner run --corpus "$$CORPUS" --set-from-env SET $(ARGS)
+	$(BIN)/python -m local_platform.airflow_runner run --corpus "$$CORPUS" --set-from-env SET $(VERBOSE_ARG) $(ARGS)
 
 # The DAG with target emr against moto's EMR and S3, its steps run on a Spark standalone cluster of loopback nodes.
 rehearse: venv
-	$(BIN)/python -m local_platform.rehearsal.rehearse --corpus "$$CORPUS" --set-from-env SET $(ARGS)
+	$(BIN)/python -m local_platform.rehearsal.rehearse --corpus "$$CORPUS" --set-from-env SET $(VERBOSE_ARG) $(ARGS)
 
 # Airflow standalone (UI on http://127.0.0.1:8080) with the DAG and a moto S3 server; Ctrl-C stops it.
 airflow: venv

@@ -23,8 +23,9 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import closing
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from include import locks, preflight
 from include.airflow_names import DAG_ID
 from include.promote import latest_key
 from include.schedule import cron_timetable
-from local_platform import process_tree
+from local_platform import console, process_tree
 from local_platform.moto_s3 import LocalS3
 from spark_jobs.lib import corpus, corpus_files, lake, run_folder
 from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
@@ -80,13 +81,21 @@ def fresh_scratch(home: Path) -> None:
     scratch_dir(home).mkdir(parents=True)
 
 
-def prepare(home: Path, s3: LocalS3) -> dict[str, str]:
+Output = Callable[[str], None]  # takes a command's output line by line (a console.Console)
+
+
+def prepare(home: Path, s3: LocalS3, output: Output | None = None) -> dict[str, str]:
     """The environment for Airflow commands on `home`, whose database is migrated and holds no
-    run an interrupted command left unfinished. Called while holding the home."""
+    run an interrupted command left unfinished. Called while holding the home. The migration's
+    output goes to `output` if given, else to this command's."""
     home.mkdir(parents=True, exist_ok=True)
     fresh_scratch(home)
     env = airflow_env(home, s3)
-    subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, cwd=REPO_ROOT, check=True)
+    piped = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True} if output else {}
+    migrated = subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, cwd=REPO_ROOT, **piped)
+    for line in (migrated.stdout or "").splitlines():
+        output(line)
+    migrated.check_returncode()
     fail_unfinished_runs(home, env)
     return env
 
@@ -97,6 +106,25 @@ def unfinished_runs(home: Path) -> list[str]:
     with closing(sqlite3.connect(home / "airflow.db")) as db:
         query = "SELECT run_id FROM dag_run WHERE dag_id = ? AND state = 'running' ORDER BY id"
         return [run_id for (run_id,) in db.execute(query, (DAG_ID,))]
+
+
+def task_state(home: Path) -> Callable[[str], str]:
+    """The state of a task in the newest run of the DAG in the home's database, as `dags test`
+    left it when the task ended."""
+
+    def state(task_id: str) -> str:
+        query = (
+            "SELECT task_instance.state FROM task_instance JOIN dag_run USING (dag_id, run_id) "
+            "WHERE task_instance.dag_id = ? AND task_id = ? ORDER BY dag_run.id DESC LIMIT 1"
+        )
+        try:
+            with closing(sqlite3.connect(home / "airflow.db", timeout=30)) as db:
+                found = db.execute(query, (DAG_ID, task_id)).fetchone()
+        except sqlite3.Error as error:
+            return f"state unread ({error})"
+        return found[0] if found and found[0] else "ended"
+
+    return state
 
 
 def fail_unfinished_runs(home: Path, env: dict[str, str]) -> None:
@@ -111,28 +139,41 @@ def fail_unfinished_runs(home: Path, env: dict[str, str]) -> None:
 
 
 STANDALONE_GRACE_S = 20  # after Ctrl-C, how long `make airflow` waits for Airflow to stop by itself
+READER_WAIT_S = 10  # after Airflow ends, how long its last lines may take to reach the output
+
+
+def pass_lines(stream, output: Output) -> None:
+    for line in stream:
+        output(line)
 
 
 class Stopped(Exception):
     """The command was asked to stop (Ctrl-C or SIGTERM) and has stopped Airflow."""
 
 
-def run_stoppable(env: dict[str, str], *args: str, grace_s: float) -> int:
+def run_stoppable(env: dict[str, str], *args: str, grace_s: float, output: Output | None = None) -> int:
     """`airflow *args`, stopped with everything below it when this command is asked to stop.
 
     Ctrl-C in a terminal reaches every process of the command at once; SIGTERM (`kill`, a CI job's
     time-out) reaches this one alone, which passes it on as SIGINT, the same Ctrl-C. Whatever is
     still running `grace_s` later, or at a second Ctrl-C, is killed: Airflow's scheduler can hang in
     its executor's shutdown, and its workers would outlive it. This process is their subreaper, so
-    orphans are found too. Raises Stopped after a stop; returns Airflow's exit code otherwise."""
+    orphans are found too. Raises Stopped after a stop; returns Airflow's exit code otherwise.
+    With `output`, Airflow's stdout and stderr go to it line by line instead of this command's."""
     process_tree.become_subreaper()
+    piped = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace"}
     process = subprocess.Popen(
         [str(AIRFLOW), *args],
         env=env,
         cwd=REPO_ROOT,
         # Started from a script, SIGINT may arrive ignored; Airflow needs it to shut down cleanly.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        **(piped if output else {}),
     )
+    # Read in a thread: this one waits for the process and takes the signals.
+    reader = threading.Thread(target=pass_lines, args=(process.stdout, output), daemon=True) if output else None
+    if reader:
+        reader.start()
     asked: list[float] = []
 
     def stop(number, _frame) -> None:
@@ -154,15 +195,18 @@ def run_stoppable(env: dict[str, str], *args: str, grace_s: float) -> int:
     finally:
         for number, handler in handlers.items():
             signal.signal(number, handler)
+    if reader:
+        # Until the pipe's end; a process that outlived Airflow may hold it open, so not for ever.
+        reader.join(timeout=READER_WAIT_S)
     if asked:
         raise Stopped
     return process.returncode
 
 
-def dags_test(env: dict[str, str], conf: dict) -> bool:
+def dags_test(env: dict[str, str], conf: dict, output: Output | None = None) -> bool:
     """Run the DAG once; True when the run succeeded. On Ctrl-C its stage dies at once, but `dags
     test` itself would only mark the task for a retry and wait for it: it is killed 2 s later."""
-    return run_stoppable(env, "dags", "test", DAG_ID, "--conf", json.dumps(conf), grace_s=2) == 0
+    return run_stoppable(env, "dags", "test", DAG_ID, "--conf", json.dumps(conf), grace_s=2, output=output) == 0
 
 
 def read_report(s3: LocalS3, config: PipelineConfig) -> dict:
@@ -201,7 +245,7 @@ def stage_error(config: PipelineConfig, new_folders: set[str]) -> str:
             uri = lake.join(folder, run_folder.error_path(stage))
             if lake.exists(uri):
                 return f" in stage {stage}: {lake.read_json(uri)['error']}"
-    return "; see the task logs above"
+    return "; see the task logs in the full log"
 
 
 def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterable[str] = ()) -> None:
@@ -240,17 +284,24 @@ def exclusive_home(home: Path, command: str):
     )
 
 
-def run(config: PipelineConfig, conf: dict) -> int:
-    with exclusive_home(AIRFLOW_HOME, "make run"), LocalS3(buckets=(config.s3.bucket,)) as s3:
-        env = prepare(AIRFLOW_HOME, s3)
+def run(config: PipelineConfig, conf: dict, verbose: bool = False) -> int:
+    log = console.log_path(AIRFLOW_HOME, "run")
+    with (
+        exclusive_home(AIRFLOW_HOME, "make run"),
+        LocalS3(buckets=(config.s3.bucket,)) as s3,
+        console.teed(log, task_state(AIRFLOW_HOME), verbose) as output,
+    ):
+        env = prepare(AIRFLOW_HOME, s3, output)
         before = run_folders(config)
         try:
-            succeeded = dags_test(env, conf)
+            succeeded = dags_test(env, conf, output)
         except Stopped:
             print(f"\ninterrupted: the {DAG_ID} run stops here", file=sys.stderr)
             fail_unfinished_runs(AIRFLOW_HOME, env)
+            console.print_log_path(log)
             return 130
         if not succeeded:
+            console.print_log_path(log)
             print(f"ERROR the {DAG_ID} run failed{stage_error(config, run_folders(config) - before)}", file=sys.stderr)
             return 1
         print_report(read_report(s3, config), *latest_pointer(s3, config), before - run_folders(config))
@@ -342,7 +393,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("command", choices=("run", "ui"))
     parser.add_argument("--corpus", help="run: corpus path, glob or URI (empty: the one in pipeline.yaml)")
     add_settings_arguments(parser, help_prefix="run: ")
+    add_verbose_argument(parser, help_prefix="run: ")
     return parser.parse_args(argv)
+
+
+def add_verbose_argument(parser: argparse.ArgumentParser, help_prefix: str = "") -> None:
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help=f"{help_prefix}all of Airflow's, Spark's and TensorFlow's output on the console too, not only in the log",
+    )
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, help_prefix: str = "") -> None:
@@ -436,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         checked = preflight.check_run(config, corpus_files.corpus_files(config))
         if checked.exposure:
             print(f"WARNING {checked.exposure}", file=sys.stderr)
-        return run(config, conf)
+        return run(config, conf, args.verbose)
     except PipelineError as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import yaml
 from botocore.config import Config
 
 from include import emr, emr_checks, loopback_only, wheelhouse
-from local_platform import airflow_runner
+from local_platform import airflow_runner, console
 from local_platform.moto_s3 import REGION, LocalS3
 from local_platform.rehearsal.emr_runner import EmrRehearsalRunner, split_s3
 from spark_jobs.lib import corpus_files, lake
@@ -68,9 +69,10 @@ class Rehearsal:
     """The moto server, the corpus on it, the rehearsal's defaults file and the EMR runner, for as
     long as the context lasts; `run()` runs the DAG once. Holds Airflow's home."""
 
-    def __init__(self, corpus_files: list[str], overrides: list[str], home: Path | None = None):
-        self.corpus_files, self.overrides = corpus_files, overrides
+    def __init__(self, corpus_files: list[str], overrides: list[str], home: Path | None = None, verbose: bool = False):
+        self.corpus_files, self.overrides, self.verbose = corpus_files, overrides, verbose
         self.home = home or airflow_runner.AIRFLOW_HOME
+        self.log = console.log_path(self.home, "rehearse")
         self.folder = Path(tempfile.mkdtemp(prefix="gpt-pipeline-rehearsal-"))
         defaults = read_yaml(DEFAULT_CONFIG_PATH)
         bucket = BUCKET
@@ -89,9 +91,11 @@ class Rehearsal:
         self.env: dict[str, str] = {}
 
     def __enter__(self) -> Rehearsal:
-        self.held = airflow_runner.exclusive_home(self.home, "make rehearse")
-        self.held.__enter__()
+        self.held = ExitStack()  # the home, then the log
+        self.held.enter_context(airflow_runner.exclusive_home(self.home, "make rehearse"))
         try:
+            task_state = airflow_runner.task_state(self.home)
+            self.output = self.held.enter_context(console.teed(self.log, task_state, self.verbose))
             self.s3 = LocalS3(buckets=tuple(sorted(emr_checks.bucket_settings(self.config)))).__enter__()
             for path, uri in zip(self.corpus_files, self.corpus_uris, strict=True):
                 bucket, key = split_s3(uri)
@@ -101,14 +105,16 @@ class Rehearsal:
             connection = self.s3.connection_env()
             step_env = {name: value for name, value in connection.items() if not name.startswith("AIRFLOW_")}
             self.runner = EmrRehearsalRunner(self.s3.client, step_env, REGION).start()
-            self.env = airflow_runner.prepare(self.home, self.s3) | {"GPT_PIPELINE_CONFIG": str(self.defaults_path)}
+            self.env = airflow_runner.prepare(self.home, self.s3, self.output) | {
+                "GPT_PIPELINE_CONFIG": str(self.defaults_path)
+            }
         except BaseException:
             self.__exit__()
             raise
         return self
 
     def run(self) -> bool:
-        return airflow_runner.dags_test(self.env, {"overrides": self.overrides})
+        return airflow_runner.dags_test(self.env, {"overrides": self.overrides}, self.output)
 
     def emr_client(self):
         assert self.s3 is not None
@@ -149,7 +155,7 @@ class Rehearsal:
                 self.s3.__exit__(None, None, None)
                 self.s3 = None
             shutil.rmtree(self.folder, ignore_errors=True)
-            self.held.__exit__(None, None, None)
+            self.held.close()
 
 
 def seconds(step: dict) -> float | None:
@@ -194,13 +200,14 @@ def print_cluster(rehearsal: Rehearsal) -> None:
         )
 
 
-def rehearse(corpus_files: list[str], overrides: list[str]) -> int:
-    with Rehearsal(corpus_files, overrides) as rehearsal:
+def rehearse(corpus_files: list[str], overrides: list[str], verbose: bool = False) -> int:
+    with Rehearsal(corpus_files, overrides, verbose=verbose) as rehearsal:
         try:
             succeeded = rehearsal.run()
         except airflow_runner.Stopped:
             print("\ninterrupted: the rehearsal stops here", file=sys.stderr)
             airflow_runner.fail_unfinished_runs(rehearsal.home, rehearsal.env)
+            console.print_log_path(rehearsal.log)
             return 130
         rehearsal.end_clusters()
         if succeeded:
@@ -208,6 +215,7 @@ def rehearse(corpus_files: list[str], overrides: list[str]) -> int:
             airflow_runner.print_report(report, *airflow_runner.latest_pointer(rehearsal.s3, rehearsal.config))
         print_cluster(rehearsal)
         if not succeeded:
+            console.print_log_path(rehearsal.log)
             print(f"ERROR the {airflow_runner.DAG_ID} rehearsal failed; see the steps above", file=sys.stderr)
             return 1
     return 0
@@ -245,12 +253,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", help="corpus path or glob on this machine (empty: the one in pipeline.yaml)")
     airflow_runner.add_settings_arguments(parser)
+    airflow_runner.add_verbose_argument(parser)
     args = parser.parse_args(argv)
     try:
         overrides, corpus = airflow_runner.settings(args), local_corpus(args.corpus)
         if loopback_only.interfaces() != [loopback_only.LOOPBACK_INTERFACE]:
             contain_or_accept_exposure(overrides, sys.argv[1:] if argv is None else argv)
-        return rehearse(corpus, overrides)
+        return rehearse(corpus, overrides, args.verbose)
     except (PipelineError, ConfigError) as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2

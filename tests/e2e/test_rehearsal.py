@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 import json
+import re
 import threading
 import time
+from contextlib import redirect_stdout
 
 import numpy as np
 import psutil
@@ -98,7 +101,8 @@ def rehearsed(tmp_path_factory, shakespeare):
     corpus = tmp / "slice.txt"
     corpus.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
     started = time.monotonic()
-    with Rehearsal([str(corpus)], SMALL, home=tmp / "airflow") as rehearsal:
+    shown = io.StringIO()
+    with redirect_stdout(shown), Rehearsal([str(corpus)], SMALL, home=tmp / "airflow") as rehearsal:
         killer = WorkerKiller(rehearsal)
         killer.start()
         succeeded = rehearsal.run()
@@ -119,6 +123,8 @@ def rehearsed(tmp_path_factory, shakespeare):
             "run_prefix": split_s3(run)[1].rstrip("/") if run else "",
             "killed": killer.killed,
             "wheelhouse": objects(rehearsal, emr.wheelhouse_uri(rehearsal.config.emr.code_prefix)),
+            "console": shown.getvalue(),
+            "log": rehearsal.log,
             "logs": {
                 step["Name"]: gzip.decompress(
                     objects(rehearsal, f"{cluster['LogUri']}{cluster['Id']}/steps/{step['Id']}")[
@@ -208,6 +214,20 @@ def test_every_stage_records_its_spark_metrics_with_an_executor_per_core_node(re
     assert stats(rehearsed, "train")["spark"]["failed_tasks"] >= 1  # the killed worker's barrier task
 
 
+def test_the_console_shows_each_task_once_as_it_starts_and_ends_and_the_log_has_the_rest(rehearsed):
+    console, log = rehearsed["console"], rehearsed["log"]
+    assert console.startswith(f"full log:         {log}\n"), console[:2000]
+    started = re.findall(r"^task (\w+) +started$", console, re.MULTILINE)
+    ended = re.findall(r"^task (\w+) +success +[\d,]+ s$", console, re.MULTILINE)
+    assert sorted(started) == sorted(ended) == sorted(set(started)), console  # the sensors' pokes are one line
+    assert set(STAGE_NAMES) <= set(started)
+    assert re.search(r"^train: step [\d,]+ of 300 ", console, re.MULTILINE), console  # the step sensor's progress
+    assert max(len(line) for line in console.splitlines()) <= 200, console
+    full = log.read_text()
+    assert "[DAG TEST] starting task_id=tokenize" in full and "[DAG TEST] starting" not in console
+    assert len(full.splitlines()) > 3 * len(console.splitlines())
+
+
 def test_the_model_loads_and_predicts(rehearsed, tmp_path):
     prefix = f"{rehearsed['run_prefix']}/model/"
     for key, body in rehearsed["run"].items():
@@ -260,4 +280,5 @@ def test_a_corpus_that_is_not_utf8_fails_the_run_with_the_stages_message_and_the
     (error,) = [json.loads(body)["error"] for body in errors]
     assert "latin1.txt" in error and "UTF-8" in error
     assert f"ERROR [tokenize] {error}" in log  # the step's stdout.gz
-    assert f"AirflowFailException: tokenize: {error}" in output  # what the DAG's task says
+    assert f"ERROR tokenize stopped: {error}"[:199] in output  # what the DAG's task says, on the console
+    assert f"AirflowFailException: tokenize: {error}" in rehearsal.log.read_text()  # and in its full log

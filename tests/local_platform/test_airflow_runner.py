@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -23,6 +24,7 @@ from spark_jobs.lib import run_folder
 from spark_jobs.lib.config import REPO_ROOT
 from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, read_yaml
 from spark_jobs.lib.overrides import apply_overrides
+from spark_jobs.lib.stages import STAGE_NAMES
 from tests.listening import listening_sockets
 
 HOLD = """
@@ -246,9 +248,14 @@ def start_make_run(home: Path, corpus: Path, log: Path) -> subprocess.Popen:
     )
 
 
-def wait_for_a_running_stage(process: subprocess.Popen, log: Path) -> None:
+def full_log(home: Path) -> str:
+    """The full log of the home's one command so far (its console shows little of it)."""
+    return "".join(path.read_text(errors="replace") for path in (home / "logs").glob("run-*.log"))
+
+
+def wait_for_a_running_stage(process: subprocess.Popen, log: Path, home: Path) -> None:
     deadline = time.monotonic() + 600
-    while "Running Spark version" not in log.read_text(errors="replace"):
+    while "Running Spark version" not in full_log(home):
         assert process.poll() is None, f"the command ended early:\n{log.read_text()[-3000:]}"
         assert time.monotonic() < deadline, "no stage started in 180 s"
         time.sleep(0.5)
@@ -284,12 +291,14 @@ def stop_command(process: subprocess.Popen, how: str) -> None:
 def test_ctrl_c_stops_the_run_with_its_spark_processes_and_marks_it_failed(tmp_path, shakespeare_slice, how):
     log = tmp_path / "make-run.log"
     process = start_make_run(tmp_path / "home", shakespeare_slice, log)
-    wait_for_a_running_stage(process, log)
+    wait_for_a_running_stage(process, log, tmp_path / "home")
 
     stop_command(process, how)
     assert process.wait(timeout=120) == 130
     output = log.read_text()
     assert "interrupted: the gpt_pipeline run stops here" in output
+    (path,) = (tmp_path / "home" / "logs").glob("run-*.log")
+    assert output.count(f"full log:         {path}\n") == 2, output  # at the start, and again at the end
     assert "marking as failed 1 run(s) an interrupted command left unfinished" in output
     deadline = time.monotonic() + 30
     while processes_in_session(process.pid) and time.monotonic() < deadline:
@@ -305,7 +314,7 @@ def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(
 ):
     home, log = tmp_path / "home", tmp_path / "make-run.log"
     process = start_make_run(home, shakespeare_slice, log)
-    wait_for_a_running_stage(process, log)
+    wait_for_a_running_stage(process, log, home)
     os.killpg(process.pid, signal.SIGKILL)  # no chance to clean up
     process.wait()
     assert run_states(home) == ["running"]
@@ -469,6 +478,25 @@ def test_make_run_runs_the_dag_and_prints_where_the_outputs_are(tmp_path, shakes
     assert "keep_runs:        removed 1 older run folder(s)" in out and "slice-older" in out
     assert f"generated sample:\n{report['sample']}" in out
     assert list((tmp_path / "home" / "tmp").iterdir()) == [], "the command's temporary files went with it"
+    check_the_quiet_console(out, tmp_path / "home")
+
+
+def check_the_quiet_console(out: str, home: Path) -> None:
+    """One line as each task starts and one as it ends, the training progress, the summary; all
+    of Airflow's, Spark's and TensorFlow's output in the full log, whose path comes first."""
+    (path,) = (home / "logs").glob("run-*.log")
+    assert out.startswith(f"full log:         {path}\n"), out[:2000]
+    tasks = ["validate_config", *STAGE_NAMES, "collect", "promote", "prune_runs"]
+    for task in tasks:
+        assert len(re.findall(rf"^task {task} +started$", out, re.MULTILINE)) == 1, out
+        assert len(re.findall(rf"^task {task} +success +[\d,]+ s$", out, re.MULTILINE)) == 1, out
+    assert len(re.findall(r"^task ", out, re.MULTILINE)) == 2 * len(tasks)
+    progress = re.findall(r"^\[train\] step \d+/\d+ loss .*$", out, re.MULTILINE)
+    assert progress, out
+    assert max(len(line) for line in out.splitlines()) <= 200, out
+    assert "Running Spark version" not in out and "Running Spark version" in path.read_text()
+    assert all(line in path.read_text() for line in progress)
+    assert len(path.read_text().splitlines()) > 3 * len(out.splitlines())
 
 
 @pytest.mark.slow
@@ -477,7 +505,12 @@ def test_a_failed_make_run_ends_with_the_stage_error_to_act_on(tmp_path, monkeyp
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(b"To be, or not to be\n" * 500 + b"\x00")
     assert airflow_runner.main(["run", "--corpus", str(corpus), f"--set=lake={tmp_path / 'lake'}"]) == 1
-    last = capfd.readouterr().err.rstrip("\n").rsplit("\n", 1)[-1]
+    out, err = capfd.readouterr()
+    (path,) = (tmp_path / "home" / "logs").glob("run-*.log")
+    assert "looks binary" in path.read_text() and "Traceback" in path.read_text() and "Traceback" not in out
+    assert re.search(r"^task tokenize +failed +[\d,]+ s$", out, re.MULTILINE), out
+    *_, log_line, last = err.rstrip("\n").split("\n")
+    assert log_line == f"full log:         {path}"
     assert last == (
         f"ERROR the gpt_pipeline run failed in stage tokenize: corpus file {corpus.as_uri()} looks binary (NUL byte at "
         "offset 10000); set data.bad_files=skip to leave such files out"
