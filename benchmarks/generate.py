@@ -30,10 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 STARTED = time.perf_counter()
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from spark_jobs.generate import load_model, next_token  # noqa: E402
+from spark_jobs.generate import load_model  # noqa: E402
 from spark_jobs.lib import bpe, run_folder, sampling  # noqa: E402
 from spark_jobs.lib.config_files import load_config  # noqa: E402
 from spark_jobs.lib.model import decoder_for  # noqa: E402
@@ -58,13 +57,13 @@ def default_model_folder(folder: Path, config) -> Path:
 
 
 def run(model, prompt: list[int], samples: int, new_tokens: int, window_slide: int, settings) -> list[list[int]]:
-    rngs = [np.random.default_rng(settings.seed + i) for i in range(samples)]
     return sampling.decode(
         model,
         prompt,
         num_samples=samples,
         max_new_tokens=new_tokens,
-        pick=lambda i, logits: next_token(logits, settings, rngs[i]),
+        rule=settings,
+        seed=settings.seed,
         stop_id=None,  # no early end: every sample writes new_tokens tokens
         window_slide=window_slide,
     )
@@ -150,11 +149,37 @@ def profile(decoder: sampling.CachedDecoder, batch_sizes: list[int]) -> None:
         _, cache = decoder.compiled_prefill(ids, middle)
         step_s = timed(lambda: decoder.compiled_step(tokens, middle, cache)[0].numpy(), 200)  # noqa: B023
         prefill_s = timed(lambda: decoder.compiled_prefill(ids, end)[0].numpy(), 10)  # noqa: B023
+        logits, cache = decoder.compiled_prefill(ids, decoder.positions[1])
+        window = block - 1  # picks and steps from position 1 to the end of the window, in one call
+
+        def run_window():
+            run = decoder.compiled_run(load_config().generate)
+            run(*window_arguments(decoder, logits, cache, window))[1].numpy()  # noqa: B023
+
+        window_s = timed(run_window, 5) / window
         print(
             f"batch {batch}: compiled step {step_s * 1e3:.3f} ms ({2 * token_macs * batch / step_s / 1e9:.1f} "
             f"GFLOP/s of matmuls), full-window prefill {prefill_s * 1e3:.2f} ms "
-            f"({2 * token_macs * batch * block / prefill_s / 1e9:.1f} GFLOP/s)"
+            f"({2 * token_macs * batch * block / prefill_s / 1e9:.1f} GFLOP/s), "
+            f"pick and step in the compiled loop {window_s * 1e3:.3f} ms per step"
         )
+
+
+def window_arguments(decoder: sampling.CachedDecoder, logits, cache, steps: int) -> tuple:
+    """compiled_run's arguments for `steps` top_k picks from position 1, no stop token."""
+    batch = int(logits.shape[0])
+    return (
+        logits,
+        cache,
+        decoder.positions[1],
+        tf.constant(steps),
+        tf.constant(decoder.vocab_size),
+        *sampling.rule_values(load_config().generate),
+        tf.range(batch, dtype=tf.int64),
+        tf.constant(0),
+        tf.constant(sampling.NO_STOP),
+        tf.zeros(batch, tf.bool),
+    )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from spark_jobs.lib import bpe, lake, run_folder, sampling, tensorboard_log
 from spark_jobs.lib.config import GenerateConfig, PipelineConfig, to_uri
 from spark_jobs.lib.config_files import load_config
@@ -72,28 +70,6 @@ def newest_model(config: PipelineConfig) -> str:
     return str(models[-1].parent)
 
 
-def next_token(logits: np.ndarray, settings: GenerateConfig, rng: np.random.Generator) -> int:
-    """Pick the next token id from the last position's logits."""
-    if settings.strategy == "greedy":
-        return int(np.argmax(logits))
-    # Shifted by the largest first, so that a tiny temperature scales the others to -inf, never to nan.
-    with np.errstate(over="ignore"):
-        logits = (logits.astype(np.float64) - logits.max()) / settings.temperature
-    if settings.strategy == "top_k":
-        cutoff = np.sort(logits)[-min(settings.top_k, logits.size)]
-        logits = np.where(logits >= cutoff, logits, -np.inf)
-    probabilities = np.exp(logits)
-    probabilities /= probabilities.sum()
-    if settings.strategy == "top_p":
-        # Keep the most likely tokens until their probabilities add up to top_p.
-        order = np.argsort(-probabilities)
-        keep = order[: int(np.searchsorted(np.cumsum(probabilities[order]), settings.top_p)) + 1]
-        kept = np.zeros_like(probabilities)
-        kept[keep] = probabilities[keep]
-        probabilities = kept / kept.sum()
-    return int(rng.choice(probabilities.size, p=probabilities))
-
-
 def generate_ids(
     model, tokenizer, settings: GenerateConfig, window_slide: int = 1
 ) -> tuple[list[int], list[list[int]]]:
@@ -107,13 +83,13 @@ def generate_ids(
         raise PipelineError(f"the prompt {settings.prompt!r} encodes to no tokens")
     # The model has tokenizer.vocab_size outputs; BPE may have learned fewer tokens, whose ids alone decode.
     known = tokenizer.get_vocab_size()
-    rngs = [np.random.default_rng(settings.seed + i) for i in range(settings.num_samples)]
     new = sampling.decode(
         model,
         ids,
         num_samples=settings.num_samples,
         max_new_tokens=settings.max_new_tokens,
-        pick=lambda i, logits: next_token(logits, settings, rngs[i]),
+        rule=settings,
+        seed=settings.seed,
         stop_id=end_of_text,
         known=known,
         window_slide=window_slide,

@@ -30,6 +30,12 @@ slide. The window therefore slides by `window_slide` tokens at a time and is pre
   block_size - s + 1 and block_size tokens. An approximation (shorter contexts than the model's),
   to be asked for explicitly, e.g. block_size // 2.
 
+Picking runs in the compiled code too: `run` picks a token, writes it, steps, picks the next, ... in
+one XLA while loop, up to the end of the window, so Python is entered once per window, not once per
+token. A pick (greedy, top_k, top_p, with a temperature) draws with sample i's own random stream, a
+counter-based one (stateless Philox) keyed by (seed + i, index of the new token): the draw does not
+depend on the batch, on the window slide, or on how the loop is cut into calls.
+
 Several samples are one batch, each drawn with its own random stream from its own logits: a sample
 does not depend on the others (beyond float rounding of a batched matrix product).
 """
@@ -39,6 +45,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -49,6 +56,102 @@ from spark_jobs.lib.model import DecoderBlock
 # What keras masks attention logits with (keras.src.backend.tensorflow.nn._get_large_negative):
 # the same value, so the cached step's softmax is the full pass's.
 LARGE_NEGATIVE = -0.7 * float(np.finfo(np.float32).max)
+STRATEGIES = ("greedy", "top_k", "top_p")
+# Lower temperatures pick as this one does: among the most likely tokens only (and no 0 / 0 = nan).
+MIN_TEMPERATURE = 1e-30
+
+
+class SamplingRule(Protocol):
+    """How tokens are drawn: the generate section of the config (spark_jobs.lib.config.GenerateConfig)."""
+
+    strategy: str
+    temperature: float
+    top_k: int
+    top_p: float
+
+
+def _uniforms(seeds, index):
+    """One uniform draw in [0, 1) per sample from its stream: seeds int64 [B], index int32 []."""
+    counter = tf.cast(index, tf.int64)
+    return tf.map_fn(
+        lambda seed: tf.random.stateless_uniform([], tf.stack([seed, counter])), seeds, fn_output_signature=tf.float32
+    )
+
+
+def _order_keys(values):
+    """int32 keys in the order of float32 values <= 0 (and -inf): -0.0 and 0.0 alike."""
+    bits = tf.bitcast(values, tf.int32)
+    return tf.where(bits < 0, -(bits & np.int32(2**31 - 1)), bits)
+
+
+def _cutoff(scaled, probabilities, enough):
+    """Per sample, the lowest scaled logit of the most likely tokens that are `enough` (ties kept
+    together): a bisection over the logits' order keys, each step one pass over the vocabulary,
+    which costs XLA less than sorting it or its top_k."""
+    keys = _order_keys(scaled)
+    low, high = tf.reduce_min(tf.where(probabilities > 0, keys, 0), axis=1), tf.zeros_like(keys[:, 0])
+
+    def halve(low, high):
+        middle = high - (high - low) // 2
+        fits = enough(keys >= middle[:, None])
+        return tf.where(fits, middle, low), tf.where(fits, high, middle - 1)
+
+    low, _ = tf.while_loop(lambda low, high: tf.reduce_any(low < high), halve, [low, high])
+    return tf.reduce_max(tf.where(keys <= low[:, None], scaled, -np.inf), axis=1)
+
+
+def _pick(logits, known, rule: SamplingRule, temperature, top_p, seeds, index):
+    """The next token of each sample, int32 [B], from its logits float32 [B, vocab]: only the first
+    `known` outputs are drawn, by rule.strategy (and rule.top_k), with `temperature` and `top_p`
+    (tensors, so that they change nothing compiled); the index-th draw of each seed's stream."""
+    logits = tf.where(tf.range(tf.shape(logits)[1])[None] < known, logits, -np.inf)
+    if rule.strategy == "greedy":
+        return tf.argmax(logits, axis=1, output_type=tf.int32)
+    # Shifted by the largest first, so that a tiny temperature scales the others to -inf, never to nan.
+    scaled = (logits - tf.reduce_max(logits, axis=1, keepdims=True)) / temperature
+    probabilities = tf.nn.softmax(scaled, axis=1)
+    if rule.strategy == "top_k":  # the top_k most likely tokens
+
+        def enough(kept):
+            return tf.reduce_sum(tf.cast(kept, tf.int32), axis=1) >= tf.minimum(rule.top_k, known)
+    else:  # the most likely tokens whose probabilities add up to top_p
+
+        def enough(kept):
+            return tf.reduce_sum(tf.where(kept, probabilities, 0.0), axis=1) >= top_p
+
+    allowed = scaled >= _cutoff(scaled, probabilities, enough)[:, None]
+    cumulative = tf.cumsum(tf.where(allowed, probabilities, 0.0), axis=1)
+    draw = _uniforms(seeds, index) * cumulative[:, -1]
+    return tf.reduce_sum(tf.cast(cumulative <= draw[:, None], tf.int32), axis=1)
+
+
+def rule_values(rule: SamplingRule) -> tuple[tf.Tensor, tf.Tensor]:
+    """The rule's temperature and top_p, as the compiled pick takes them."""
+    return tf.constant(max(rule.temperature, MIN_TEMPERATURE), tf.float32), tf.constant(rule.top_p, tf.float32)
+
+
+def compiled_key(rule: SamplingRule) -> tuple:
+    """What a pick is compiled for: its strategy and, for top_k, k."""
+    return (rule.strategy, rule.top_k if rule.strategy == "top_k" else None)
+
+
+def pick(logits, known: int, rule: SamplingRule, seeds, index: int):
+    """_pick compiled as in the decode loop, for logits of one's own (float32 [B, vocab])."""
+    compiled = _picks.get(compiled_key(rule))
+    if compiled is None:
+        compiled = _picks[compiled_key(rule)] = tf.function(
+            lambda *args: _pick(args[0], args[1], rule, *args[2:]), jit_compile=True
+        )
+    return compiled(
+        tf.constant(logits, tf.float32),
+        tf.constant(known),
+        *rule_values(rule),
+        tf.constant(seeds, tf.int64),
+        tf.constant(index),
+    )
+
+
+_picks: dict[tuple, Callable] = {}
 
 
 class CachedDecoder:
@@ -64,7 +167,8 @@ class CachedDecoder:
         self.n_head = self.blocks[0].n_head
         self.head_dim = self.dim // self.n_head
         self.scale = 1.0 / math.sqrt(self.head_dim)
-        cache = tf.TensorSpec([len(self.blocks), None, self.block_size, 2, self.n_head, self.head_dim], tf.float32)
+        self.cache_shape = [len(self.blocks), None, self.block_size, 2, self.n_head, self.head_dim]
+        cache = tf.TensorSpec(self.cache_shape, tf.float32)
         self.prefill = tf.function(
             self._prefill,
             jit_compile=True,
@@ -75,11 +179,11 @@ class CachedDecoder:
             jit_compile=True,
             input_signature=[tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32), cache],
         )
-
         # Called as concrete functions with tensors, they skip tf.function's argument matching, which takes
         # longer than a step's compiled work (~0.25 of ~0.4 ms here).
         self.compiled_prefill = self.prefill.get_concrete_function()
         self.compiled_step = self.step.get_concrete_function()
+        self.compiled_runs: dict[tuple, Callable] = {}
         self.positions = [tf.constant(position, tf.int32) for position in range(self.block_size + 1)]
 
     def _attend(self, query, keys_values, position):
@@ -129,6 +233,54 @@ class CachedDecoder:
             x = self._finish_block(block, x, qkv[:, :, 0], keys_values, position)
         return self._logits(x), tf.stack(layers)
 
+    def compiled_run(self, rule: SamplingRule) -> Callable:
+        """_run for this rule, compiled once per compiled_key(rule) and batch size."""
+        key = compiled_key(rule)
+        if key not in self.compiled_runs:
+            scalar, ratio = tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32)
+            run = tf.function(lambda *args: self._run(rule, *args), jit_compile=True)
+            self.compiled_runs[key] = run.get_concrete_function(
+                tf.TensorSpec([None, self.vocab_size], tf.float32),  # logits
+                tf.TensorSpec(self.cache_shape, tf.float32),
+                scalar,  # position
+                scalar,  # steps
+                scalar,  # known
+                ratio,  # temperature
+                ratio,  # top_p
+                tf.TensorSpec([None], tf.int64),  # seeds
+                scalar,  # first_index
+                scalar,  # stop_id
+                tf.TensorSpec([None], tf.bool),  # ended
+            )
+        return self.compiled_runs[key]
+
+    def _run(self, rule, logits, cache, position, steps, known, temperature, top_p, seeds, first_index, stop_id, ended):
+        """Up to `steps` new tokens of each sample: pick one from `logits` (those after position - 1),
+        step it in at `position`, pick the next, ...; the last pick is not stepped in (the caller
+        prefills next, or is done). Stops early once every sample has drawn stop_id (now or before:
+        `ended`). Returns (tokens int32 [B, block_size + 1], of which the first `count` columns are
+        new, count, cache, ended)."""
+        tokens = tf.zeros([tf.shape(logits)[0], self.block_size + 1], tf.int32)
+
+        def more(count, logits, cache, tokens, ended):
+            return (count < steps) & ~tf.reduce_all(ended)
+
+        def pick_and_step(count, logits, cache, tokens, ended):
+            picked = _pick(logits, known, rule, temperature, top_p, seeds, first_index + count)
+            tokens = xla.dynamic_update_slice(tokens, picked[:, None], [0, count])
+            ended = ended | (picked == stop_id)
+            logits, cache = tf.cond(
+                count + 1 < steps,
+                lambda: self._step(picked, position + count, cache),
+                lambda: (logits, cache),
+            )
+            return count + 1, logits, cache, tokens, ended
+
+        count, _, cache, tokens, ended = tf.while_loop(
+            more, pick_and_step, [tf.constant(0), logits, cache, tokens, ended]
+        )
+        return tokens, count, cache, ended
+
 
 _decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -141,7 +293,7 @@ def cached_decoder(model) -> CachedDecoder:
     return decoder
 
 
-Pick = Callable[[int, np.ndarray], int]  # (sample index, its next-token logits) -> the token drawn
+NO_STOP = -1  # stop_id when no token ends a sample
 
 
 def decode(
@@ -149,27 +301,32 @@ def decode(
     prompt: Sequence[int],
     num_samples: int,
     max_new_tokens: int,
-    pick: Pick,
+    rule: SamplingRule,
+    seed: int,
     stop_id: int | None = None,
     known: int | None = None,
     window_slide: int = 1,
 ) -> list[list[int]]:
     """The new tokens of num_samples continuations of `prompt` (ids), decoded as one batch.
 
-    pick(i, logits) draws sample i's next token from its logits (float32 [known]: the first `known`
-    outputs, default all); a sample ends after max_new_tokens or before stop_id. The context is the
-    last block_size tokens; window_slide (1 = exact, see the module's notes) sets how the window
-    slides past it."""
+    Sample i draws by `rule` with the random stream of seed + i, from the first `known` outputs
+    (default all); it ends after max_new_tokens or before stop_id. The context is the last
+    block_size tokens; window_slide (1 = exact, see the module's notes) sets how the window slides
+    past it."""
     decoder = cached_decoder(model)
     block_size = decoder.block_size
     if not 1 <= window_slide <= block_size:
         raise ValueError(f"window_slide {window_slide} is not between 1 and the block size {block_size}")
     if not prompt:
         raise ValueError("an empty prompt: give at least one token")
-    known = decoder.vocab_size if known is None else known
+    known = tf.constant(decoder.vocab_size if known is None else known, tf.int32)
+    run = decoder.compiled_run(rule)
+    temperature, top_p = rule_values(rule)
+    seeds = tf.constant([seed + i for i in range(num_samples)], tf.int64)
+    stop = tf.constant(NO_STOP if stop_id is None else stop_id, tf.int32)
     ids = list(prompt)
     new: list[list[int]] = [[] for _ in range(num_samples)]
-    active = list(range(num_samples))
+    ended = np.zeros(num_samples, dtype=bool)
 
     def prefill(context: list[list[int]]):
         length = len(context[0])
@@ -179,24 +336,33 @@ def decode(
         return logits, cache, length
 
     logits, cache, length = prefill([ids[-block_size:]] * num_samples)
-    for _ in range(max_new_tokens):
-        rows = logits.numpy()[:, :known]
-        tokens = np.zeros(num_samples, dtype=np.int32)  # samples that ended run on, unread
-        for i in list(active):
-            token = pick(i, rows[i])
-            if token == stop_id:
-                active.remove(i)
-                continue
-            new[i].append(token)
-            tokens[i] = token
-        if not active or len(new[active[0]]) == max_new_tokens:
-            break
-        if length < block_size:
-            logits, cache = decoder.compiled_step(tf.constant(tokens), decoder.positions[length], cache)
-            length += 1
-        else:  # the window is full: slide it and prefill again
-            keep = block_size - window_slide + 1
-            # Samples that ended take a running one's context, to keep the batch's shape.
-            contexts = [ids + new[i if i in active else active[0]] for i in range(num_samples)]
-            logits, cache, length = prefill([context[-keep:] for context in contexts])
-    return new
+    drawn = 0
+    while True:
+        steps = min(max_new_tokens - drawn, block_size - length + 1)
+        tokens, count, cache, ended_now = run(
+            logits,
+            cache,
+            decoder.positions[length],
+            tf.constant(steps),
+            known,
+            temperature,
+            top_p,
+            seeds,
+            tf.constant(drawn),
+            stop,
+            tf.constant(ended),
+        )
+        count = int(count)
+        for i, row in enumerate(tokens.numpy()[:, :count]):
+            for token in row if not ended[i] else ():
+                if token == stop_id:
+                    break
+                new[i].append(int(token))
+        ended, drawn = ended_now.numpy(), drawn + count
+        if ended.all() or drawn == max_new_tokens:
+            return new
+        # The window is full: slide it and prefill again. Samples that ended take a running one's
+        # context, to keep the batch's shape.
+        running = int(np.flatnonzero(~ended)[0])
+        keep = block_size - window_slide + 1
+        logits, cache, length = prefill([(ids + new[running if ended[i] else i])[-keep:] for i in range(num_samples)])

@@ -15,7 +15,7 @@ from tokenizers import ByteLevelBPETokenizer
 
 from local_platform.moto_s3 import LocalS3
 from spark_jobs import generate as generate_module
-from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, next_token, sample_texts, samples
+from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, sample_texts, samples
 from spark_jobs.lib import bpe, run_folder, sampling, tensorboard_log
 from spark_jobs.lib.config import REPO_ROOT, GenerateConfig
 from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
@@ -32,9 +32,14 @@ def settings(**overrides) -> GenerateConfig:
 LOGITS = np.array([0.0, 3.0, 1.0, 2.9, -1.0, 2.0])
 
 
+def pick(logits: np.ndarray, settings: GenerateConfig, index: int, known: int | None = None) -> int:
+    """The token sampling.pick draws from one sample's logits, as the decode loop's index-th draw."""
+    known = logits.shape[-1] if known is None else known
+    return int(sampling.pick(np.float32(logits)[None], known, settings, [settings.seed], index)[0])
+
+
 def picks(settings: GenerateConfig, draws: int = 400) -> set[int]:
-    rng = np.random.default_rng(0)
-    return {next_token(LOGITS, settings, rng) for _ in range(draws)}
+    return {pick(LOGITS, settings, index) for index in range(draws)}
 
 
 def test_greedy_takes_the_most_likely_token():
@@ -81,26 +86,23 @@ def test_generation_repeats_with_the_same_seed_and_varies_with_another(model_dir
     assert other != first
 
 
-def test_generation_stops_where_the_model_ends_the_document(model_dir, monkeypatch):
-    model, tokenizer = load_model(model_dir.as_uri())
-    to, be = tokenizer.encode(" to").ids[0], tokenizer.encode(" be").ids[0]
-    drawn = iter([to, be, bpe.separator_id(tokenizer), to])
-    monkeypatch.setattr(generate_module, "next_token", lambda *_: next(drawn))
-    text = generate(model, tokenizer, settings(prompt="Not", max_new_tokens=10))
-    assert text == tokenizer.decode(tokenizer.encode("Not").ids + [to, be])  # nothing after the separator
+def test_generation_stops_before_the_stop_token(deeper_model):
+    tokens = sampling.decode(deeper_model, [1, 2, 3], 1, max_new_tokens=12, rule=settings(strategy="greedy"), seed=0)[0]
+    end = next(index for index, token in enumerate(tokens) if index > 0 and token not in tokens[:index])
+    stopped = sampling.decode(
+        deeper_model, [1, 2, 3], 1, max_new_tokens=12, rule=settings(strategy="greedy"), seed=0, stop_id=tokens[end]
+    )
+    assert stopped == [tokens[:end]]  # nothing from the stop token on
 
 
 def test_an_empty_prompt_starts_a_new_document(model_dir, monkeypatch):
     model, tokenizer = load_model(model_dir.as_uri())
     to, be = tokenizer.encode(" to").ids[0], tokenizer.encode(" be").ids[0]
-    drawn = iter([to, be, bpe.separator_id(tokenizer)])
-    monkeypatch.setattr(generate_module, "next_token", lambda *_: next(drawn))
-    prompts, decode = [], sampling.decode
-    monkeypatch.setattr(
-        sampling, "decode", lambda model, prompt, **rest: prompts.append(prompt) or decode(model, prompt, **rest)
-    )
+    calls = []
+    monkeypatch.setattr(sampling, "decode", lambda model, prompt, **rest: calls.append((prompt, rest)) or [[to, be]])
     text = generate(model, tokenizer, settings(prompt="", max_new_tokens=10))
-    assert prompts == [[bpe.separator_id(tokenizer)]]  # the model continues <|endoftext|>
+    assert [prompt for prompt, _ in calls] == [[bpe.separator_id(tokenizer)]]  # the model continues <|endoftext|>
+    assert calls[0][1]["stop_id"] == bpe.separator_id(tokenizer)  # and ends where the model ends the document
     assert text == tokenizer.decode([to, be]) and text.startswith(" to")  # without the <|endoftext|>
 
 
@@ -112,18 +114,18 @@ def test_several_samples_take_consecutive_seeds(model_dir):
     assert len(set(texts)) == 3
 
 
-def test_only_ids_the_tokenizer_knows_are_drawn(model_dir, monkeypatch):
+def test_only_ids_the_tokenizer_knows_are_drawn(model_dir):
     """BPE may learn fewer tokens than tokenizer.vocab_size, the model's outputs: an id past them decodes to nothing."""
     _, tokenizer = load_model(str(model_dir))
-    model = build_decoder(
-        vocab_size=tokenizer.get_vocab_size() + 50, block_size=8, dim=16, n_layer=1, n_head=2, mlp_ratio=2, dropout=0.0
-    )
-    sizes, draw = [], generate_module.next_token
-    monkeypatch.setattr(
-        generate_module, "next_token", lambda logits, *rest: sizes.append(logits.size) or draw(logits, *rest)
-    )
-    generate(model, tokenizer, settings(prompt="The", max_new_tokens=3, strategy="top_k"))
-    assert sizes and set(sizes) == {tokenizer.get_vocab_size()}
+    known = tokenizer.get_vocab_size()
+    model = build_decoder(vocab_size=known + 50, block_size=8, dim=16, n_layer=1, n_head=2, mlp_ratio=2, dropout=0.0)
+    head = model.get_layer("logits")
+    head.bias.assign(np.where(np.arange(known + 50) >= known, 100.0, 0.0))  # the unknown ids, by far the likeliest
+    for strategy in ("greedy", "top_k", "top_p"):
+        ids, new = generate_module.generate_ids(
+            model, tokenizer, settings(prompt="The", max_new_tokens=12, strategy=strategy)
+        )
+        assert new[0] and max(new[0]) < known
 
 
 def reference_generate(model, tokenizer, settings: GenerateConfig, window_slide: int = 1) -> str:
@@ -134,13 +136,12 @@ def reference_generate(model, tokenizer, settings: GenerateConfig, window_slide:
     ids = tokenizer.encode(settings.prompt).ids if settings.prompt else [end_of_text]
     block_size = model.get_layer("embedding").block_size
     known = tokenizer.get_vocab_size()
-    rng = np.random.default_rng(settings.seed)
     start = max(0, len(ids) - block_size)
-    for _ in range(settings.max_new_tokens):
+    for index in range(settings.max_new_tokens):
         context = ids[start:]
         assert len(context) <= block_size
         logits = model(np.array([context], dtype=np.int32), training=False)
-        token = next_token(np.asarray(logits[0, -1])[:known], settings, rng)
+        token = pick(np.asarray(logits[0, -1]), settings, index, known)
         if token == end_of_text:
             break
         ids.append(token)
@@ -206,20 +207,13 @@ def test_a_sample_of_a_batch_is_the_sample_drawn_alone(model_dir, deeper_model):
     assert texts == sample_texts(deeper_model, tokenizer, options)  # and again, run after run
 
 
-def test_samples_of_a_batch_end_apart(model_dir, monkeypatch):
-    """A sample that draws <|endoftext|> ends there; the others run on."""
-    model, tokenizer = load_model(model_dir.as_uri())
-    end = bpe.separator_id(tokenizer)
-    to = tokenizer.encode(" to").ids[0]
-    plans = {1: iter([to, end]), 2: iter([to] * 6)}  # sample i of the batch draws with seed 1 + i
-    monkeypatch.setattr(
-        generate_module, "next_token", lambda logits, options, rng: next(plans[rng.bit_generator.seed_seq.entropy])
-    )
-    texts = sample_texts(model, tokenizer, settings(prompt="Not", max_new_tokens=6, seed=1, num_samples=2))
-    assert texts == [
-        tokenizer.decode(tokenizer.encode("Not").ids + [to]),
-        tokenizer.decode(tokenizer.encode("Not").ids + [to] * 6),
-    ]
+def test_samples_of_a_batch_end_apart(deeper_model):
+    """A sample that draws the stop token ends there; the others run on."""
+    rule = settings(strategy="top_k", temperature=1.0)
+    first, second = sampling.decode(deeper_model, [1, 2, 3], 2, max_new_tokens=20, rule=rule, seed=4)
+    end = next(i for i, token in enumerate(first) if token not in first[:i] and token not in second)
+    stopped = sampling.decode(deeper_model, [1, 2, 3], 2, max_new_tokens=20, rule=rule, seed=4, stop_id=first[end])
+    assert stopped == [first[:end], second]
 
 
 def test_the_stage_records_how_long_generation_took_and_logs_the_samples_for_tensorboard(
