@@ -162,7 +162,10 @@ def size(value: float) -> str:
 
 
 def seconds_range(value: dict) -> str:
-    return " / ".join(f"{value.get(key, 0):,.1f}" for key in ("min", "median", "max")) + " s"
+    """min / median / max task seconds; none where the stage ran no task (generate samples on the driver)."""
+    if value.get("min") is None:
+        return "no tasks"
+    return " / ".join(f"{value[key]:,.1f}" for key in ("min", "median", "max")) + " s"
 
 
 # Spark's metrics of a stage (its stats' "spark"), as the table shows them: key, label, format.

@@ -266,6 +266,13 @@ def test_the_spark_metrics_table_shows_each_stages_metrics_or_not_recorded():
     assert "not recorded" in Page(report_html(html_report(spark={}))).text["spark-metrics"]
 
 
+def test_a_stage_that_ran_no_spark_task_shows_no_task_times():
+    """generate samples on the driver: its Spark application runs no task, so it has no task times."""
+    driver_only = SPARK | {"tasks": 0, "task_seconds": {"min": None, "median": None, "max": None}}
+    table = Page(report_html(html_report(spark={"tokenize": SPARK, "generate": driver_only}))).text["spark-metrics"]
+    assert "no tasks" in table and "0.1 / 0.5 / 2.2 s" in table
+
+
 def test_the_html_report_lists_the_changed_settings_and_escapes_the_corpus_text():
     html = report_html(html_report())
     settings = Page(html).text["settings"]
