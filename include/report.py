@@ -13,6 +13,8 @@ from spark_jobs.lib import run_folder
 from spark_jobs.lib.config_files import load_config
 from spark_jobs.lib.stages import changed_settings
 
+GENERATION_KEYS = ("samples", "generated_tokens", "generation_s", "tokens_per_s")
+
 
 def build_report(run, s3_uri: str, stages: tuple[str, ...]) -> dict:
     stats = {stage: run.read_json(run_folder.stats_path(stage)) for stage in stages}
@@ -41,6 +43,7 @@ def build_report(run, s3_uri: str, stages: tuple[str, ...]) -> dict:
         "train": train,
         "evaluations": evaluations(run.read(run_folder.EPOCHS_CSV_PATH).decode("utf-8")),
         "sample": run.read(run_folder.SAMPLES_PATH).decode("utf-8"),
+        "generation": {key: stats["generate"].get(key) for key in GENERATION_KEYS} if "generate" in stats else {},
     }
 
 
@@ -99,7 +102,18 @@ def report_text(report: dict) -> str:
         + spark_text(report.get("spark", {}))
         + (emr_text(report["emr"]) if "emr" in report else "")
         + (f"## Warnings\n\n{warnings}\n\n" if warnings else "")
-        + f"## Sample\n\n```\n{report['sample']}\n```\n"
+        + f"## Sample\n\n{generation_text(report.get('generation', {}))}```\n{report['sample']}\n```\n"
+    )
+
+
+def generation_text(generation: dict) -> str:
+    """How long the generate stage took to write the samples (compiling its decoder included)."""
+    if not generation.get("generation_s"):
+        return ""
+    return (
+        f"{figure(generation['samples'])} sample(s), {figure(generation['generated_tokens'])} new tokens in "
+        f"{generation['generation_s']:,.1f} s ({figure(generation['tokens_per_s'], ',.0f')} tokens/s, "
+        "compiling the decoder included).\n\n"
     )
 
 

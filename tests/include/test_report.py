@@ -293,3 +293,11 @@ def test_ticks_are_round_and_cover_the_values():
     assert nice_ticks(0, 40) == [0, 10, 20, 30, 40]
     assert nice_ticks(2.1, 4.4) == [2.0, 2.5, 3.0, 3.5, 4.0, 4.5]
     assert nice_ticks(0.85, 0.85) == pytest.approx([0.4, 0.6, 0.8, 1.0, 1.2, 1.4])  # one value: a range around it
+
+
+def test_the_sample_section_says_how_long_generation_took():
+    generation = {"samples": 2, "generated_tokens": 200, "generation_s": 4.25, "tokens_per_s": 47.1}
+    expected = "2 sample(s), 200 new tokens in 4.2 s (47 tokens/s, compiling the decoder included)."
+    assert f"## Sample\n\n{expected}\n\n```\n" in report_text(small_report(generation=generation))
+    assert expected in Page(report_html(html_report(generation=generation))).text["generation"]
+    assert "new tokens in" not in report_text(small_report())
