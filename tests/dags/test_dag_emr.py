@@ -594,7 +594,7 @@ def test_a_failed_bootstrap_fails_the_wait_at_once_with_emrs_reason_and_the_clus
     cluster_id = only_cluster(aws)["Id"]
     logged = "".join(capfd.readouterr())
     assert f"AirflowFailException: cluster {cluster_id} ended (TERMINATED_WITH_ERRORS): {reason}" in logged
-    assert f"(bootstrap logs: s3://gpt-pipeline/emr-logs/{cluster_id}/node/*/bootstrap-actions/)" in logged
+    assert f"(bootstrap logs: s3://{BUCKET}/emr-logs/{cluster_id}/node/*/bootstrap-actions/)" in logged
     assert dag_run.state == "failed" and states["wait_for_cluster"] == "failed", states
     assert dag_run.get_task_instance("wait_for_cluster").try_number == 1  # no retry: the cluster is gone
     assert starting_clusters == [] and states["terminate_cluster"] == "success"
