@@ -16,6 +16,7 @@ def test_a_corpus_on_an_s3_that_cannot_be_reached_is_named(monkeypatch, s3):
     for name, value in s3.connection_env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")  # nothing listens there
+    monkeypatch.setattr(lake, "S3_ATTEMPTS", 1)  # the retries (tests/spark_jobs/test_lake.py) would only add a minute
     config = load_config(overrides=[{"corpus": f"s3://{BUCKET}/books/*.txt"}])
     with pytest.raises(
         PipelineError, match=rf"^corpus s3://{BUCKET}/books/\*.txt cannot be listed: .*Could not connect"
