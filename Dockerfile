@@ -1,7 +1,7 @@
 # The image every Airflow service of docker-compose.yaml runs: the official Airflow 3 image for
 # Python 3.11, plus Java 17 for Spark and this project's pinned Python environment, so the DAG's
 # local target (spark-submit in local mode, multi-worker TensorFlow) runs inside the container.
-# The project's code is not copied in: docker-compose.yaml mounts dags/, spark_jobs/ and include/.
+# The project's code is not copied in: docker-compose.yaml mounts dags/, pipeline/, spark_jobs/ and include/.
 FROM apache/airflow:3.3.2-python3.11
 
 USER root

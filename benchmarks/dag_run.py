@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from local_platform.airflow_runner import DAG_ID, dags_test, prepare, read_report  # noqa: E402
 from local_platform.moto_s3 import LocalS3  # noqa: E402
-from spark_jobs.lib.config_files import load_config  # noqa: E402
-from spark_jobs.lib.overrides import add_set_argument  # noqa: E402
+from pipeline.config_files import load_config  # noqa: E402
+from pipeline.overrides import add_set_argument  # noqa: E402
 
 GOAL_S = 300
 

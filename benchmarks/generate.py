@@ -1,4 +1,4 @@
-"""Speed of sampling (spark_jobs.generate, spark_jobs.lib.sampling) on the default model shape.
+"""Speed of sampling (spark_jobs.generate, spark_jobs.model.sampler) on the default model shape.
 
     .venv/bin/python -m benchmarks.generate [--model-dir DIR] [--new-tokens 1000] [--samples 1,8] [--window-slides 1,64]
 
@@ -32,10 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 STARTED = time.perf_counter()
 import tensorflow as tf  # noqa: E402
 
+from pipeline import run_folder  # noqa: E402
+from pipeline.config_files import load_config  # noqa: E402
 from spark_jobs.generate import load_model  # noqa: E402
-from spark_jobs.lib import bpe, run_folder, sampling  # noqa: E402
-from spark_jobs.lib.config_files import load_config  # noqa: E402
-from spark_jobs.lib.model import decoder_for  # noqa: E402
+from spark_jobs.model import sampler  # noqa: E402
+from spark_jobs.model.decoder import decoder_for  # noqa: E402
+from spark_jobs.text import bpe  # noqa: E402
 
 IMPORTED = time.perf_counter()
 NANOGPT_CHARS_PER_S = 1 / 1.5e-3
@@ -57,7 +59,7 @@ def default_model_folder(folder: Path, config) -> Path:
 
 
 def run(model, prompt: list[int], samples: int, new_tokens: int, window_slide: int, settings) -> list[list[int]]:
-    return sampling.decode(
+    return sampler.decode(
         model,
         prompt,
         num_samples=samples,
@@ -99,7 +101,7 @@ def main() -> None:
         run(model, prompt, 1, 1, 1, settings)
         first = time.perf_counter()
 
-    decoder = sampling.cached_decoder(model)
+    decoder = sampler.cached_decoder(model)
     print(
         f"model: {'random weights, ' if not args.model_dir else ''}vocab {decoder.vocab_size}, block "
         f"{decoder.block_size}, width {decoder.dim}, {len(decoder.blocks)} layers x {decoder.n_head} heads; "
@@ -133,7 +135,7 @@ def main() -> None:
     profile(decoder, [int(count) for count in args.samples.split(",")])
 
 
-def profile(decoder: sampling.CachedDecoder, batch_sizes: list[int]) -> None:
+def profile(decoder: sampler.CachedDecoder, batch_sizes: list[int]) -> None:
     """The compiled functions alone, with no sampling between calls."""
     block, dim, layers = decoder.block_size, decoder.dim, len(decoder.blocks)
     mlp = int(decoder.blocks[0].mlp_in.kernel.shape[-1])
@@ -165,7 +167,7 @@ def profile(decoder: sampling.CachedDecoder, batch_sizes: list[int]) -> None:
         )
 
 
-def window_arguments(decoder: sampling.CachedDecoder, logits, cache, steps: int) -> tuple:
+def window_arguments(decoder: sampler.CachedDecoder, logits, cache, steps: int) -> tuple:
     """compiled_run's arguments for `steps` top_k picks from position 1, no stop token."""
     batch = int(logits.shape[0])
     return (
@@ -174,10 +176,10 @@ def window_arguments(decoder: sampling.CachedDecoder, logits, cache, steps: int)
         decoder.positions[1],
         tf.constant(steps),
         tf.constant(decoder.vocab_size),
-        *sampling.rule_values(load_config().generate),
+        *sampler.rule_values(load_config().generate),
         tf.range(batch, dtype=tf.int64),
         tf.constant(0),
-        tf.constant(sampling.NO_STOP),
+        tf.constant(sampler.NO_STOP),
         tf.zeros(batch, tf.bool),
     )
 

@@ -31,11 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from include import class_archive  # noqa: E402
 from include.local_spark import submit_stage  # noqa: E402
 from include.spark_submit import package_code  # noqa: E402
-from spark_jobs.lib import bpe, lake, run_folder  # noqa: E402
-from spark_jobs.lib.config import SHARED_CORPUS  # noqa: E402
-from spark_jobs.lib.config_files import load_config  # noqa: E402
-from spark_jobs.lib.overrides import add_set_argument  # noqa: E402
-from spark_jobs.lib.stages import PREPROCESSING_STAGES  # noqa: E402
+from pipeline import lake, run_folder
+from pipeline.config import SHARED_CORPUS  # noqa: E402
+from pipeline.config_files import load_config  # noqa: E402
+from pipeline.overrides import add_set_argument  # noqa: E402
+from pipeline.stages import PREPROCESSING_STAGES  # noqa: E402
+from spark_jobs.text import bpe
 
 
 def build_corpus(folder: Path, megabytes: float, files: int) -> tuple[str, str, str]:

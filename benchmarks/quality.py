@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from include.local_spark import submit_stage
 from include.spark_submit import packaged_code  # noqa: E402
 from local_platform.stage_runner import run_pipeline  # noqa: E402
-from spark_jobs.lib import lake, run_folder  # noqa: E402
-from spark_jobs.lib.config import to_uri  # noqa: E402
-from spark_jobs.lib.config_files import load_config  # noqa: E402
-from spark_jobs.lib.overrides import add_set_argument  # noqa: E402
-from spark_jobs.lib.stages import PREPROCESSING_STAGES  # noqa: E402
+from pipeline import lake, run_folder
+from pipeline.config import to_uri  # noqa: E402
+from pipeline.config_files import load_config  # noqa: E402
+from pipeline.overrides import add_set_argument  # noqa: E402
+from pipeline.stages import PREPROCESSING_STAGES  # noqa: E402
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ Variants:
 
 The archives are recorded in a temporary folder by a first run of every stage (its time shown
 apart), so the virtual environment's own archives are neither used nor touched. The variants of
-stop_spark are made in the packaged code only (spark_jobs/lib/stage.py in the zip spark-submit
+stop_spark are made in the packaged code only (spark_jobs/spark/stage_app.py in the zip spark-submit
 ships gets a stop_spark of its own appended), not in the repository's. Prints a table of medians
 per stage and the sum over the six applications, and the load average: on a shared machine the
 figures are as noisy as its neighbours are busy.
@@ -44,10 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from include import class_archive  # noqa: E402
 from include.local_spark import local_argv, spark_env  # noqa: E402
 from include.spark_submit import LIBRARY_ZIP, package_code  # noqa: E402
-from spark_jobs.lib import lake, run_folder  # noqa: E402
-from spark_jobs.lib.config import SHARED_CORPUS  # noqa: E402
-from spark_jobs.lib.config_files import load_config  # noqa: E402
-from spark_jobs.lib.stages import STAGE_NAMES  # noqa: E402
+from pipeline import lake, run_folder
+from pipeline.config import SHARED_CORPUS  # noqa: E402
+from pipeline.config_files import load_config  # noqa: E402
+from pipeline.stages import STAGE_NAMES  # noqa: E402
 
 SMALL = [
     "tokenizer.vocab_size=512",
@@ -67,7 +67,7 @@ SMALL = [
     "generate.max_new_tokens=5",
 ]
 
-# stop_spark variants, appended to the packaged spark_jobs/lib/stage.py: the later definition is
+# stop_spark variants, appended to the packaged spark_jobs/spark/stage_app.py: the later definition is
 # the one run_stage calls. Every variant's stop_spark is then timed, in the driver, by TIMED_STOP.
 STOP_VARIANTS = {
     "keep_accumulator_server": """
@@ -109,7 +109,7 @@ def package(folder: Path, variant: str) -> Path:
     archive = folder / LIBRARY_ZIP
     with zipfile.ZipFile(archive) as zipped:
         files = {name: zipped.read(name) for name in zipped.namelist()}
-    files["spark_jobs/lib/stage.py"] += (STOP_VARIANTS.get(variant, "") + TIMED_STOP).encode()
+    files["spark_jobs/spark/stage_app.py"] += (STOP_VARIANTS.get(variant, "") + TIMED_STOP).encode()
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
         for name, data in files.items():
             zipped.writestr(name, data)

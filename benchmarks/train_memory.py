@@ -1,4 +1,4 @@
-"""Training memory: the estimate of spark_jobs/lib/memory.py against the peak a real worker reaches.
+"""Training memory: the estimate of spark_jobs/training/memory.py against the peak a real worker reaches.
 
     .venv/bin/python benchmarks/train_memory.py [--corpus PATH] [--only N,...]
 
@@ -22,10 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from local_platform.stage_runner import run_pipeline  # noqa: E402
-from spark_jobs.lib import lake, memory, run_folder  # noqa: E402
-from spark_jobs.lib.config import SHARED_CORPUS  # noqa: E402
-from spark_jobs.lib.config_files import load_config  # noqa: E402
-from spark_jobs.lib.stages import PREPROCESSING_STAGES  # noqa: E402
+from pipeline import lake, run_folder
+from pipeline.config import SHARED_CORPUS  # noqa: E402
+from pipeline.config_files import load_config  # noqa: E402
+from pipeline.stages import PREPROCESSING_STAGES  # noqa: E402
+from spark_jobs.training import memory
 
 SHORT_TRAINING = [
     "train.max_steps=3",

@@ -50,14 +50,15 @@ from include.record import AWS_CONN_ID, RunFolder, check_bucket, collect_record
 from include.report_link import REPORT_URL_KEY, CollectOperator, report_url
 from include.schedule import cron_timetable
 from include.spark_submit import packaged_code
-from spark_jobs.lib import corpus_files, lake, memory, run_folder
-from spark_jobs.lib import stages as stage_graph
-from spark_jobs.lib.config import ConfigError, PipelineConfig
-from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml
-from spark_jobs.lib.errors import name_some
-from spark_jobs.lib.overrides import DAG_SETTINGS, setting
-from spark_jobs.lib.stage import load_run_config
-from spark_jobs.lib.stages import STAGE_NAMES
+from pipeline import corpus_files, lake, run_folder
+from pipeline import stages as stage_graph
+from pipeline.config import ConfigError, PipelineConfig
+from pipeline.config_files import defaults_path, load_config, read_yaml
+from pipeline.errors import name_some
+from pipeline.overrides import DAG_SETTINGS, setting
+from pipeline.stages import STAGE_NAMES
+from spark_jobs.spark.stage_app import load_run_config
+from spark_jobs.training import memory
 
 log = logging.getLogger(__name__)
 

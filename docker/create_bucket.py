@@ -12,7 +12,7 @@ import sys
 from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
 from include.record import AWS_CONN_ID
-from spark_jobs.lib.config_files import load_config
+from pipeline.config_files import load_config
 
 
 def ensure_bucket(bucket: str, aws_conn_id: str = AWS_CONN_ID) -> bool:

@@ -19,11 +19,12 @@ from typing import Any
 import yaml
 
 from include.spark_submit import packaged_code, spark_submit_argv
-from spark_jobs.lib import corpus_files, lake, memory, run_folder
-from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
-from spark_jobs.lib.config_files import defaults_path
-from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.stages import PREPROCESSING_STAGES, STAGE_NAMES
+from pipeline import corpus_files, lake, run_folder
+from pipeline.config import REPO_ROOT, ConfigError, PipelineConfig
+from pipeline.config_files import defaults_path
+from pipeline.errors import PipelineError
+from pipeline.stages import PREPROCESSING_STAGES, STAGE_NAMES
+from spark_jobs.training import memory
 
 CONFIG_DIR = REPO_ROOT / "include" / "config"
 TEMPLATE_PATH = CONFIG_DIR / "emr_cluster.yaml"

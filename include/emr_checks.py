@@ -13,8 +13,8 @@ import logging
 
 from include import emr
 from include.record import check_bucket
-from spark_jobs.lib import corpus
-from spark_jobs.lib.config import ConfigError, PipelineConfig
+from pipeline.config import ConfigError, PipelineConfig
+from spark_jobs.text import corpus
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def check_own_buckets(buckets: dict[str, list[str]]) -> None:
 
 
 def check_region(s3_hook, bucket: str, settings: str, region: str | None) -> None:
-    """The stages reach S3 in the cluster's region (spark_jobs/lib/lake.py), so a bucket elsewhere
+    """The stages reach S3 in the cluster's region (pipeline/lake.py), so a bucket elsewhere
     would fail them once the cluster runs."""
     response = s3_hook.get_conn().head_bucket(Bucket=bucket)
     bucket_region = response["ResponseMetadata"]["HTTPHeaders"].get("x-amz-bucket-region")

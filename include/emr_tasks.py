@@ -25,9 +25,10 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from include import emr, wheelhouse
 from include.record import RunFolder, check_bucket
-from spark_jobs.lib import memory, run_folder
-from spark_jobs.lib.config import PipelineConfig
-from spark_jobs.lib.stages import STAGE_NAMES
+from pipeline import run_folder
+from pipeline.config import PipelineConfig
+from pipeline.stages import STAGE_NAMES
+from spark_jobs.training import memory
 
 log = logging.getLogger(__name__)
 ENDED_STATES = ("TERMINATING", "TERMINATED", "TERMINATED_WITH_ERRORS")

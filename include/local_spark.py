@@ -11,8 +11,8 @@ from pathlib import Path
 
 from include import class_archive, loopback_only
 from include.spark_submit import local_master, spark_submit_argv
-from spark_jobs.lib.config import PipelineConfig
-from spark_jobs.lib.errors import BAD_INPUT_EXIT, PipelineError
+from pipeline.config import PipelineConfig
+from pipeline.errors import BAD_INPUT_EXIT, PipelineError
 
 VECTOR_MODULE = "--add-modules=jdk.incubator.vector"
 STOP_GRACE_S = 15

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from spark_jobs.lib import lake, run_folder
-from spark_jobs.lib.errors import PipelineError
+from pipeline import lake, run_folder
+from pipeline.errors import PipelineError
 
 
 class InUse(PipelineError):

@@ -14,8 +14,10 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from include import local_spark
-from spark_jobs.lib import corpus, memory, storage
-from spark_jobs.lib.config import PipelineConfig
+from pipeline import disk_room
+from pipeline.config import PipelineConfig
+from spark_jobs.text import corpus
+from spark_jobs.training import memory
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,9 @@ def check_run(config: PipelineConfig, sizes: dict[str, int] | None, stages: Coll
             raise ValueError("a run with tokenize needs the corpus's sizes")
         corpus.check_fits(config, sizes)
         if config.target == "emr":
-            storage.check_core_node_room(config, sizes)
+            disk_room.check_core_node_room(config, sizes)
         else:
-            storage.check_lake_room(config, sizes)
+            disk_room.check_lake_room(config, sizes)
         found = RunCheck(corpus_files=len(sizes), corpus_bytes=sum(sizes.values()))
     if config.target == "local" and (stages is None or "train" in stages):
         training = memory.check_local_training(config)

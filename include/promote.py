@@ -11,9 +11,9 @@ import json
 import posixpath
 from datetime import datetime, timezone
 
-from spark_jobs.lib import run_folder
-from spark_jobs.lib.config_files import from_json
-from spark_jobs.lib.errors import PipelineError
+from pipeline import run_folder
+from pipeline.config_files import from_json
+from pipeline.errors import PipelineError
 
 LATEST_FOLDER = "latest"
 

@@ -8,7 +8,7 @@ import logging
 from include import locks
 from include.promote import latest_run
 from include.record import RunFolder
-from spark_jobs.lib import lake, run_folder
+from pipeline import lake, run_folder
 
 log = logging.getLogger(__name__)
 

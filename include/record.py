@@ -17,10 +17,10 @@ from pathlib import Path
 
 from include.report import build_report, report_text
 from include.report_html import report_html
-from spark_jobs.lib import lake, run_folder
-from spark_jobs.lib.config import PipelineConfig
-from spark_jobs.lib.config_files import from_json
-from spark_jobs.lib.errors import PipelineError
+from pipeline import lake, run_folder
+from pipeline.config import PipelineConfig
+from pipeline.config_files import from_json
+from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
 

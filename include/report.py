@@ -9,9 +9,9 @@ import io
 import json
 from datetime import datetime, timezone
 
-from spark_jobs.lib import run_folder
-from spark_jobs.lib.config_files import load_config
-from spark_jobs.lib.stages import changed_settings
+from pipeline import run_folder
+from pipeline.config_files import load_config
+from pipeline.stages import changed_settings
 
 GENERATION_KEYS = ("samples", "generated_tokens", "generation_s", "tokens_per_s")
 

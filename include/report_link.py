@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import BaseOperatorLink, BaseXCom
 
-from spark_jobs.lib import run_folder
+from pipeline import run_folder
 
 REPORT_URL_KEY = "report_url"
 LINK_SECONDS = 7 * 24 * 3600  # the longest a presigned URL lasts

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from spark_jobs.lib.config import ConfigError
+from pipeline.config import ConfigError
 
 
 def cron_timetable(schedule: str):

@@ -14,14 +14,17 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from spark_jobs.lib import stages
-from spark_jobs.lib.config import REPO_ROOT, PipelineConfig
+from pipeline import stages
+from pipeline.config import REPO_ROOT, PipelineConfig
 
 LIBRARY_ZIP = "spark_jobs.zip"
+# What the stage applications import: the nodes need these and nothing else of the repository.
+SHIPPED_PACKAGES = ("spark_jobs", "pipeline")
 
 
 def package_code(dest: Path) -> Path:
-    """Copy the entry files and zip the spark_jobs package (shipped to executors with --py-files)."""
+    """Copy the entry files and zip the packages they import, spark_jobs and pipeline (shipped to
+    executors with --py-files)."""
     source = REPO_ROOT / "spark_jobs"
     entries = dest / "spark_jobs"
     entries.mkdir(parents=True, exist_ok=True)
@@ -29,8 +32,9 @@ def package_code(dest: Path) -> Path:
         (entries / stage.app_file).write_bytes((source / stage.app_file).read_bytes())
     archive = dest / LIBRARY_ZIP
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
-        for file in sorted(source.rglob("*.py")):
-            zipped.write(file, file.relative_to(REPO_ROOT).as_posix())
+        for package in SHIPPED_PACKAGES:
+            for file in sorted((REPO_ROOT / package).rglob("*.py")):
+                zipped.write(file, file.relative_to(REPO_ROOT).as_posix())
     return archive
 
 

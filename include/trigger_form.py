@@ -13,8 +13,8 @@ from typing import Any
 from airflow.sdk import Param
 from pydantic import TypeAdapter
 
-from spark_jobs.lib.config import ConfigError
-from spark_jobs.lib.overrides import field_annotation, setting
+from pipeline.config import ConfigError
+from pipeline.overrides import field_annotation, setting
 
 # Param name -> (config field, description)
 FIELDS: dict[str, tuple[str, str]] = {

@@ -25,9 +25,9 @@ from botocore.exceptions import ClientError
 
 from include import emr
 from include.emr import split_s3_uri
-from spark_jobs.lib import lake
-from spark_jobs.lib.config import PipelineConfig
-from spark_jobs.lib.errors import PipelineError
+from pipeline import lake
+from pipeline.config import PipelineConfig
+from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def default_dest() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spark_jobs.lib.config_files import load_config
+    from pipeline.config_files import load_config
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["build"])

@@ -35,12 +35,13 @@ from include.promote import latest_key
 from include.schedule import cron_timetable
 from local_platform import console, process_tree
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib import corpus, corpus_files, lake, run_folder
-from spark_jobs.lib.config import REPO_ROOT, ConfigError, PipelineConfig
-from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml
-from spark_jobs.lib.errors import PipelineError, name_some
-from spark_jobs.lib.overrides import DAG_SETTINGS, add_set_argument, apply_overrides, setting
-from spark_jobs.lib.stages import STAGE_NAMES
+from pipeline import corpus_files, lake, run_folder
+from pipeline.config import REPO_ROOT, ConfigError, PipelineConfig
+from pipeline.config_files import defaults_path, load_config, read_yaml
+from pipeline.errors import PipelineError, name_some
+from pipeline.overrides import DAG_SETTINGS, add_set_argument, apply_overrides, setting
+from pipeline.stages import STAGE_NAMES
+from spark_jobs.text import corpus
 
 # Tests give the command a home of their own through this variable.
 AIRFLOW_HOME = Path(os.environ.get("GPT_PIPELINE_AIRFLOW_HOME") or REPO_ROOT / "airflow_home")
@@ -58,7 +59,7 @@ def airflow_env(home: Path, s3: LocalS3) -> dict[str, str]:
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-            # The DAG imports include/ and spark_jobs/ from the repository root.
+            # The DAG imports include/, pipeline/ and spark_jobs/ from the repository root.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
             # `airflow standalone` starts its components as `airflow ...` from the PATH.
             "PATH": os.pathsep.join(filter(None, [str(AIRFLOW.parent), os.environ.get("PATH")])),

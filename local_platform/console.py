@@ -24,7 +24,7 @@ WIDTH = 200  # Airflow's lines are cut to this on the console; the stages' own l
 
 TASK_START = re.compile(r"\[DAG TEST\] starting task_id=(\S+)")
 TASK_END = re.compile(r"\[DAG TEST\] end task task_id=(\S+)")
-# The stages' lines (spark_jobs/lib/log.py): the chief's training progress, and any warning or error.
+# The stages' lines (pipeline/log.py): the chief's training progress, and any warning or error.
 STAGE_LINE = re.compile(r"(\[train\] step \d|(NOTE|WARNING|ERROR) \[\w+\] )")
 # An Airflow line: `<time> [<level>] <event> [<logger>] key=value ...`. An event of several
 # lines names its logger on its last; the lines before it stay in the log.

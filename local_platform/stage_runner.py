@@ -17,12 +17,12 @@ from pathlib import Path
 from include import locks, preflight
 from include.local_spark import StageFailed, headline, submit_stage
 from include.spark_submit import packaged_code
-from spark_jobs.lib import corpus_files, lake, run_folder
-from spark_jobs.lib.config import ConfigError, PipelineConfig, to_uri
-from spark_jobs.lib.config_files import defaults_path, load_config, read_yaml, validate
-from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.overrides import add_set_argument, apply_overrides
-from spark_jobs.lib.stages import STAGE_NAMES, by_name
+from pipeline import corpus_files, lake, run_folder
+from pipeline.config import ConfigError, PipelineConfig, to_uri
+from pipeline.config_files import defaults_path, load_config, read_yaml, validate
+from pipeline.errors import PipelineError
+from pipeline.overrides import add_set_argument, apply_overrides
+from pipeline.stages import STAGE_NAMES, by_name
 
 
 def describe(stage: str, stats: dict) -> list[str]:

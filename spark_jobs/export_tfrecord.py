@@ -4,7 +4,7 @@ Window idx of a split goes to shard idx % data.shards, so every shard holds wind
 split and shard sizes differ by at most one. Two Spark passes:
 
 1. one task per windows/ part file encodes its windows as TFRecord `tf.train.Example`s
-   (input_ids = ids[:T], target_ids = ids[1:], int64; spark_jobs.lib.tfrecord) and emits, per
+   (input_ids = ids[:T], target_ids = ids[1:], int64; spark_jobs.text.tfrecord) and emits, per
    batch and shard, the block of encoded records keyed by (shard, first idx);
 2. the blocks are shuffled to one partition per shard, sorted by idx (TFRecord files concatenate),
    and each task streams its shard to a staging folder of the run.
@@ -19,10 +19,12 @@ from __future__ import annotations
 import posixpath
 import time
 
-from spark_jobs.lib import lake, parts, run_folder, tfrecord
-from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.stage import run_stage
-from spark_jobs.lib.windows import SPLITS
+from pipeline import lake, run_folder
+from pipeline.errors import PipelineError
+from spark_jobs.spark import parts
+from spark_jobs.spark.stage_app import run_stage
+from spark_jobs.text import tfrecord
+from spark_jobs.text.sliding_windows import SPLITS
 
 STAGE = "export"
 

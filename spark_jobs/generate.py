@@ -18,11 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from spark_jobs.lib import bpe, lake, run_folder, sampling, tensorboard_log
-from spark_jobs.lib.config import GenerateConfig, PipelineConfig, to_uri
-from spark_jobs.lib.config_files import load_config
-from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.stage import run_stage
+from pipeline import lake, run_folder
+from pipeline.config import GenerateConfig, PipelineConfig, to_uri
+from pipeline.config_files import load_config
+from pipeline.errors import PipelineError
+from spark_jobs.model import sampler
+from spark_jobs.spark.stage_app import run_stage
+from spark_jobs.text import bpe
+from spark_jobs.training import tensorboard_log
 
 
 def load_model(model_folder: str):
@@ -30,7 +33,7 @@ def load_model(model_folder: str):
     import keras
     from tokenizers import Tokenizer
 
-    import spark_jobs.lib.model  # noqa: F401  registers the decoder's layers for loading
+    import spark_jobs.model.decoder  # noqa: F401  registers the decoder's layers for loading
 
     model_uri = to_uri(str(model_folder))
     for name in (run_folder.MODEL_FILE, run_folder.MODEL_TOKENIZER_FILE):
@@ -74,7 +77,7 @@ def generate_ids(
     model, tokenizer, settings: GenerateConfig, window_slide: int = 1
 ) -> tuple[list[int], list[list[int]]]:
     """The prompt's ids and the new ids of settings.num_samples samples, decoded as one batch
-    (spark_jobs.lib.sampling): sample i draws with seed settings.seed + i, each up to
+    (spark_jobs.model.sampler): sample i draws with seed settings.seed + i, each up to
     settings.max_new_tokens tokens, ending early where the model ends the document (<|endoftext|>).
     window_slide: how the context window slides past block_size (1: exactly; see sampling)."""
     end_of_text = bpe.separator_id(tokenizer)
@@ -83,7 +86,7 @@ def generate_ids(
         raise PipelineError(f"the prompt {settings.prompt!r} encodes to no tokens")
     # The model has tokenizer.vocab_size outputs; BPE may have learned fewer tokens, whose ids alone decode.
     known = tokenizer.get_vocab_size()
-    new = sampling.decode(
+    new = sampler.decode(
         model,
         ids,
         num_samples=settings.num_samples,

@@ -15,9 +15,11 @@ import time
 
 import numpy as np
 
-from spark_jobs.lib import embeddings, lake, parts, run_folder
-from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.stage import run_stage
+from pipeline import lake, run_folder
+from pipeline.errors import PipelineError
+from spark_jobs.spark import parts
+from spark_jobs.spark.stage_app import run_stage
+from spark_jobs.text import embedding_tables
 
 STAGE = "positional_embed"
 
@@ -111,14 +113,20 @@ def body(spark, config, run: str) -> dict:
         "positions": lake.join(run, run_folder.POSITIONS_PATH),
         "meta": lake.join(run, run_folder.EMBEDDINGS_META_PATH),
     }
-    embeddings.write_npy(outputs["token_vectors"], embeddings.token_table(vocab_size, dim, settings.seed, learned))
-    embeddings.write_npy(outputs["positions"], embeddings.sinusoidal(block_size, dim))
+    embedding_tables.write_npy(
+        outputs["token_vectors"], embedding_tables.token_table(vocab_size, dim, settings.seed, learned)
+    )
+    embedding_tables.write_npy(outputs["positions"], embedding_tables.sinusoidal(block_size, dim))
     meta = {
         "vocab_size": vocab_size,
         "tokenizer_vocab_size": tokenizer_vocab,
         "dim": dim,
         "block_size": block_size,
-        "token_vectors": {"shape": [vocab_size, dim], "dtype": "float32", "random_row_std": embeddings.RANDOM_ROW_STD},
+        "token_vectors": {
+            "shape": [vocab_size, dim],
+            "dtype": "float32",
+            "random_row_std": embedding_tables.RANDOM_ROW_STD,
+        },
         "positions": {"shape": [block_size, dim], "dtype": "float32", "kind": "sinusoidal"},
         "word2vec": word2vec,
     }

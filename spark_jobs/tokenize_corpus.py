@@ -1,6 +1,6 @@
 """Stage `tokenize`: corpus files -> tokenizer/tokenizer.json and tokens/ (Parquet).
 
-1. The driver cuts every corpus file into byte pieces at line ends (spark_jobs.lib.corpus).
+1. The driver cuts every corpus file into byte pieces at line ends (spark_jobs.text.corpus).
 2. Executors read the pieces, check that they are UTF-8 text without NUL bytes, and count their
    characters. A bad file stops the stage (data.bad_files=fail) or is left out with a warning
    (skip); empty files are left out.
@@ -27,10 +27,12 @@ import time
 
 import numpy as np
 
-from spark_jobs.lib import bpe, corpus, corpus_files, lake, parts, run_folder
-from spark_jobs.lib.stage import run_stage
-from spark_jobs.lib.windows import SPLITS, check_windows, plan_windows
-from spark_jobs.lib.windows import Piece as WindowPiece
+from pipeline import corpus_files, lake, run_folder
+from spark_jobs.spark import parts
+from spark_jobs.spark.stage_app import run_stage
+from spark_jobs.text import bpe, corpus
+from spark_jobs.text.sliding_windows import SPLITS, check_windows, plan_windows
+from spark_jobs.text.sliding_windows import Piece as WindowPiece
 
 STAGE = "tokenize"
 # By its module's name, also when spark-submit runs this file as __main__: under spark_jobs (lib/log.py).
@@ -195,7 +197,7 @@ def encode_corpus(sc, config, run: str, pieces, scans, documents, task_bytes: in
 
 
 def window_counts(config, encoded: tuple) -> dict:
-    """The window plan's counts of the encoded corpus (see spark_jobs.lib.windows.plan_windows)."""
+    """The window plan's counts of the encoded corpus (see spark_jobs.text.sliding_windows.plan_windows)."""
     tokenizer, _, _, rows = encoded
     _, counts = plan_windows(
         [WindowPiece(row["doc_id"], row["split"], row["piece"], row["n_tokens"], ()) for row in rows],

@@ -2,7 +2,7 @@
 
 Each barrier task picks a port, learns its peers' host:port through allGather (on a cluster, all
 stop there when two share a node), builds TF_CONFIG from them and runs one training worker
-(spark_jobs/lib/trainer.py) under MultiWorkerMirroredStrategy. If any worker fails, Spark retries
+(spark_jobs/training/trainer.py) under MultiWorkerMirroredStrategy. If any worker fails, Spark retries
 the whole barrier stage and the workers resume from the last training-state backup in the run
 folder; a failure that a retry would repeat (a diverging loss) fails the stage at once.
 
@@ -23,10 +23,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from spark_jobs.lib import log, run_folder, stages, train_data, trainer
-from spark_jobs.lib.config import PipelineConfig
-from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.stage import run_stage
+from pipeline import log, run_folder, stages
+from pipeline.config import PipelineConfig
+from pipeline.errors import PipelineError
+from spark_jobs.spark.stage_app import run_stage
+from spark_jobs.training import input_pipeline, trainer
 
 PR_SET_PDEATHSIG = 1
 # By its module's name, also when spark-submit runs this file as __main__: under spark_jobs (lib/log.py).
@@ -36,7 +37,7 @@ logger = logging.getLogger("spark_jobs.train")
 def train(spark, config: PipelineConfig, run: str) -> dict:
     for stage in stages.by_name("train").inputs:
         run_folder.require_stage(run, stage)
-    train_data.read_manifest(run, config)  # bad input fails here, before any worker starts
+    input_pipeline.read_manifest(run, config)  # bad input fails here, before any worker starts
     warnings = settings_warnings(config)
     for message in warnings:
         logger.warning(message)
@@ -181,7 +182,7 @@ def run_worker_process(run: str, tf_config: dict, threads: int) -> dict:
         argv = [
             sys.executable,
             "-m",
-            "spark_jobs.lib.trainer",
+            "spark_jobs.training.trainer",
             "--run-dir",
             run,
             "--threads",

@@ -2,7 +2,7 @@
 
 One Spark task per tokens/ part file, two passes: the first returns each row's length and first
 T tokens, from which the driver plans which windows start in which piece
-(spark_jobs.lib.windows.plan_windows); the second cuts the windows of its pieces, borrowing the
+(spark_jobs.text.sliding_windows.plan_windows); the second cuts the windows of its pieces, borrowing the
 few tokens a window needs from the following piece, and writes windows/part-NNNNN.parquet with
 pyarrow. Windows are cut per sequence, `data.stride` tokens apart, so none crosses the
 train/validation boundary. A sequence is one file's train or validation part, so no window crosses
@@ -21,9 +21,11 @@ import time
 
 import numpy as np
 
-from spark_jobs.lib import bpe, lake, parts, run_folder
-from spark_jobs.lib.stage import run_stage
-from spark_jobs.lib.windows import SPLITS, Piece, check_enough_windows, check_windows, plan_windows
+from pipeline import lake, run_folder
+from spark_jobs.spark import parts
+from spark_jobs.spark.stage_app import run_stage
+from spark_jobs.text import bpe
+from spark_jobs.text.sliding_windows import SPLITS, Piece, check_enough_windows, check_windows, plan_windows
 
 STAGE = "window"
 # By its module's name, also when spark-submit runs this file as __main__: under spark_jobs (lib/log.py).

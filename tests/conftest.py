@@ -33,9 +33,9 @@ os.environ.update(
     }
 )
 
-from spark_jobs.lib import run_folder  # noqa: E402
-from spark_jobs.lib.config import SHARED_CORPUS, PipelineConfig  # noqa: E402
-from spark_jobs.lib.config_files import load_config  # noqa: E402
+from pipeline import run_folder  # noqa: E402
+from pipeline.config import SHARED_CORPUS, PipelineConfig  # noqa: E402
+from pipeline.config_files import load_config  # noqa: E402
 
 
 @pytest.fixture(scope="session")

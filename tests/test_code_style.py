@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from spark_jobs.lib.config import REPO_ROOT
+from pipeline.config import REPO_ROOT
 
 RUFF = Path(sys.executable).parent / "ruff"
 

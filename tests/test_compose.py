@@ -25,8 +25,8 @@ import yaml
 
 from include.record import AWS_CONN_ID
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib.config import REPO_ROOT
-from spark_jobs.lib.config_files import load_config
+from pipeline.config import REPO_ROOT
+from pipeline.config_files import load_config
 
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yaml"
 DOCKERFILE = REPO_ROOT / "Dockerfile"
@@ -202,7 +202,7 @@ def test_code_and_data_are_mounted_where_the_code_looks(services, common_env):
     assert common_env["PYTHONPATH"] == CONTAINER_ROOT
     for name in AIRFLOW_SERVICES:
         mounts = bind_mounts(services[name])
-        for folder in ("dags", "spark_jobs", "include", "lake"):
+        for folder in ("dags", "pipeline", "spark_jobs", "include", "lake"):
             assert host_path(mounts[f"{CONTAINER_ROOT}/{folder}"]) == REPO_ROOT / folder, (name, folder)
         lake_target, lake_source = mount_holding(mounts, container_path(config.lake))
         assert lake_target == container_path(config.lake) and host_path(lake_source) == REPO_ROOT / "lake"

@@ -29,11 +29,11 @@ from include import emr, emr_checks, loopback_only, wheelhouse
 from local_platform import airflow_runner, console
 from local_platform.moto_s3 import REGION, LocalS3
 from local_platform.rehearsal.emr_runner import EmrRehearsalRunner, split_s3
-from spark_jobs.lib import corpus_files, lake
-from spark_jobs.lib.config import ConfigError, PipelineConfig
-from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
-from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.overrides import apply_overrides
+from pipeline import corpus_files, lake
+from pipeline.config import ConfigError, PipelineConfig
+from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
+from pipeline.errors import PipelineError
+from pipeline.overrides import apply_overrides
 
 POKE_INTERVAL_S = 5  # the step sensors' poke interval on the rehearsal (EMR's default is a minute)
 CORPUS_PREFIX = "corpus"

@@ -15,10 +15,10 @@ from airflow.sdk.definitions.param import ParamsDict
 
 from include import trigger_form
 from include.airflow_names import DAG_ID, MODEL_ASSET_NAME
-from spark_jobs.lib.config import REPO_ROOT, ConfigError
-from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
-from spark_jobs.lib.overrides import apply_overrides
-from spark_jobs.lib.stages import STAGE_NAMES
+from pipeline.config import REPO_ROOT, ConfigError
+from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
+from pipeline.overrides import apply_overrides
+from pipeline.stages import STAGE_NAMES
 
 PIPELINE = ["validate_config", *STAGE_NAMES, "collect", "promote"]
 

@@ -30,11 +30,12 @@ from moto.server import ThreadedMotoServer
 
 from include import emr, emr_tasks, wheelhouse
 from include.spark_submit import package_code
-from spark_jobs.lib import lake, run_folder, stage
-from spark_jobs.lib.config import REPO_ROOT
-from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
-from spark_jobs.lib.overrides import apply_overrides
-from spark_jobs.lib.stages import STAGE_NAMES
+from pipeline import lake, run_folder
+from pipeline.config import REPO_ROOT
+from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
+from pipeline.overrides import apply_overrides
+from pipeline.stages import STAGE_NAMES
+from spark_jobs.spark import stage_app
 
 REGION = "us-east-1"
 BUCKET = "gpt-pipeline-test"
@@ -243,7 +244,7 @@ class Cluster(threading.Thread):
         if self.failures.get(stage_name, 0) > 0:
             self.failures[stage_name] -= 1
             message = "the corpus is not UTF-8" if self.bad_input else "RuntimeError: the executor was lost"
-            stage.record_error(run_dir, stage_name, message, bad_input=self.bad_input)
+            stage_app.record_error(run_dir, stage_name, message, bad_input=self.bad_input)
             step.state = "FAILED"
         else:
             outputs = {run_folder.stats_uri(run_dir, stage_name): b"{}"}

@@ -13,9 +13,9 @@ import textwrap
 
 import yaml
 
-from spark_jobs.lib.config import REPO_ROOT
-from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, read_yaml
-from spark_jobs.lib.overrides import apply_overrides
+from pipeline.config import REPO_ROOT
+from pipeline.config_files import DEFAULT_CONFIG_PATH, read_yaml
+from pipeline.overrides import apply_overrides
 
 BLOCKED = ("pyspark", "tensorflow", "keras")
 BUCKET = "gpt-pipeline"
@@ -88,14 +88,14 @@ def test_the_emr_dag_parses_and_builds_its_cluster_and_steps_without_spark_or_te
         """
         from airflow.dag_processing.dagbag import DagBag
 
-        from spark_jobs.lib.config import REPO_ROOT
-        from spark_jobs.lib.config_files import defaults_path, load_config
+        from pipeline.config import REPO_ROOT
+        from pipeline.config_files import defaults_path, load_config
 
         dagbag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
         assert dagbag.import_errors == {}, dagbag.import_errors
 
         from include import emr
-        from spark_jobs.lib.stages import STAGE_NAMES
+        from pipeline.stages import STAGE_NAMES
 
         dag = dagbag.dags["gpt_pipeline"]
         cluster = {"create_cluster", "wait_for_cluster", *STAGE_NAMES, "terminate_cluster"}

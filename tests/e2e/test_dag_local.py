@@ -21,10 +21,11 @@ from selenium.webdriver.common.by import By
 from include.report_link import REPORT_URL_KEY, RunReportLink
 from local_platform.airflow_runner import AIRFLOW, DAG_ID, prepare
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib import lake, run_folder, tensorboard_log
-from spark_jobs.lib.config import REPO_ROOT
-from spark_jobs.lib.config_files import load_config
-from spark_jobs.lib.stages import STAGE_NAMES
+from pipeline import lake, run_folder
+from pipeline.config import REPO_ROOT
+from pipeline.config_files import load_config
+from pipeline.stages import STAGE_NAMES
+from spark_jobs.training import tensorboard_log
 from tests.conftest import SMALL_DATA, write_slice
 from tests.e2e.browser import chromium, full_page_screenshot
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from include.local_spark import submit_stage
-from spark_jobs.lib import lake, run_folder
+from pipeline import lake, run_folder
 from tests.listening import Listening, interfaces, listening_sockets, machine_addresses
 from tests.spark_jobs.test_train import fresh_run, prepared  # noqa: F401 (the fixture)
 
@@ -72,7 +72,7 @@ def test_a_local_training_run_listens_on_loopback_only(prepared, tmp_path, monke
     print(f"other network namespaces: {namespaces}; this machine's addresses: {machine_addresses()}")
     # The JVM (driver RPC, block manager, UI), pyspark's daemons and both TensorFlow workers were seen.
     assert {entry.name for entry in seen.values()} >= {"java", "python"}, summary
-    workers = [entry for entry in seen.values() if "spark_jobs.lib.trainer" in commands.get(entry.pid, "")]
+    workers = [entry for entry in seen.values() if "spark_jobs.training.trainer" in commands.get(entry.pid, "")]
     assert len({entry.pid for entry in workers}) == 2, summary
     for key, entry in seen.items():
         # In this machine's network namespace on loopback only; in another one, which holds only

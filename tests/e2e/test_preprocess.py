@@ -13,9 +13,10 @@ import pytest
 
 from include.spark_submit import package_code
 from local_platform import stage_runner
-from spark_jobs.lib import corpus, lake, run_folder, storage
-from spark_jobs.lib.embeddings import sinusoidal
-from spark_jobs.lib.stages import PREPROCESSING_STAGES
+from pipeline import disk_room, lake, run_folder
+from pipeline.stages import PREPROCESSING_STAGES
+from spark_jobs.text import corpus
+from spark_jobs.text.embedding_tables import sinusoidal
 from tests.conftest import new_run, small_config
 
 pytestmark = pytest.mark.slow
@@ -170,10 +171,10 @@ def test_tfrecords_hold_the_windows_and_match_the_manifest(preprocessed):
 
 
 def test_the_disk_check_estimates_less_than_the_run_took_but_not_far_less(preprocessed):
-    """storage.check_lake_room refuses only runs that cannot fit: its estimate stays below the real sizes."""
+    """disk_room.check_lake_room refuses only runs that cannot fit: its estimate stays below the real sizes."""
     config, run, texts = preprocessed
     corpus_bytes = sum(len(text.encode("utf-8")) for text in texts.values())
-    least = storage.least_run_bytes(config, corpus_bytes)
+    least = disk_room.least_run_bytes(config, corpus_bytes)
     for folder, estimate in (("windows", least["windows_bytes"]), ("tfrecords", least["tfrecords_bytes"])):
         taken = sum(lake.list_file_sizes(lake.join(run, folder)).values())
         assert taken / 10 < estimate < taken, (folder, estimate, taken)

@@ -24,10 +24,10 @@ from include import emr, wheelhouse
 from local_platform import airflow_runner
 from local_platform.rehearsal.emr_runner import split_s3
 from local_platform.rehearsal.rehearse import Rehearsal
+from pipeline import run_folder
+from pipeline.run_folder import BACKUP_PATH
+from pipeline.stages import STAGE_NAMES
 from spark_jobs.generate import load_model
-from spark_jobs.lib import run_folder
-from spark_jobs.lib.run_folder import BACKUP_PATH
-from spark_jobs.lib.stages import STAGE_NAMES
 from tests.conftest import SMALL_DATA
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ def trainers() -> list[psutil.Process]:
     found = []
     for process in psutil.Process().children(recursive=True):
         try:
-            if "spark_jobs.lib.trainer" in " ".join(process.cmdline()):
+            if "spark_jobs.training.trainer" in " ".join(process.cmdline()):
                 found.append(process)
         except psutil.Error:
             pass

@@ -36,10 +36,10 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from include.airflow_names import DAG_ID
 from local_platform.moto_s3 import REGION
-from spark_jobs.lib import run_folder
-from spark_jobs.lib.config import REPO_ROOT
-from spark_jobs.lib.config_files import load_config
-from spark_jobs.lib.stages import STAGE_NAMES
+from pipeline import run_folder
+from pipeline.config import REPO_ROOT
+from pipeline.config_files import load_config
+from pipeline.stages import STAGE_NAMES
 from tests.e2e.browser import ARTIFACTS, chromium
 
 TASKS = ["validate_config", *STAGE_NAMES, "collect", "promote", "prune_runs"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 from include.record import collect_record
-from spark_jobs.lib import lake, run_folder
-from spark_jobs.lib.config_files import load_config
-from spark_jobs.lib.stages import STAGE_NAMES
+from pipeline import lake, run_folder
+from pipeline.config_files import load_config
+from pipeline.stages import STAGE_NAMES
 
 RECORD_BUCKET = "gpt-pipeline"
 LAKE_BUCKET = "lake-bucket"

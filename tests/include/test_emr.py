@@ -18,10 +18,11 @@ from packaging.utils import canonicalize_name
 
 from include import emr, emr_tasks, report
 from include.local_spark import LOOPBACK_CONF, local_argv
-from spark_jobs.lib import memory, run_folder
-from spark_jobs.lib.config import REPO_ROOT, ConfigError
-from spark_jobs.lib.config_files import load_config
-from spark_jobs.lib.stages import STAGE_NAMES, by_name
+from pipeline import run_folder
+from pipeline.config import REPO_ROOT, ConfigError
+from pipeline.config_files import load_config
+from pipeline.stages import STAGE_NAMES, by_name
+from spark_jobs.training import memory
 
 EMR_TARGET = ["target=emr", "lake=s3://test-lake/pipeline"]
 RUN_ID = "tinyshakespeare-manual__2026-11-22T08:00:00+00:00"

@@ -9,9 +9,9 @@ import boto3
 import pytest
 
 from include import emr_checks
-from spark_jobs.lib.config import ConfigError
-from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
-from spark_jobs.lib.errors import PipelineError
+from pipeline.config import ConfigError
+from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
+from pipeline.errors import PipelineError
 from tests.include.records import LAKE_BUCKET
 
 OWN = {

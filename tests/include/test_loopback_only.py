@@ -15,9 +15,9 @@ import pytest
 from include import emr, local_spark, loopback_only, preflight
 from local_platform import airflow_runner, stage_runner
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib.config_files import load_config
-from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.stages import STAGE_NAMES
+from pipeline.config_files import load_config
+from pipeline.errors import PipelineError
+from pipeline.stages import STAGE_NAMES
 from tests.listening import listening_sockets, machine_addresses
 
 SIMULATED = "simulated: unshare(CLONE_NEWUSER|CLONE_NEWNET): Operation not permitted"

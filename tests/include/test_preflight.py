@@ -3,9 +3,9 @@
 import pytest
 
 from include import preflight
-from spark_jobs.lib.config import ConfigError
-from spark_jobs.lib.config_files import load_config
-from spark_jobs.lib.errors import PipelineError
+from pipeline.config import ConfigError
+from pipeline.config_files import load_config
+from pipeline.errors import PipelineError
 
 EMR = {"target": "emr", "lake": "s3://gpt-pipeline/lake", "corpus": "s3://gpt-pipeline/corpus/*.txt"}
 CORPUS = {"file:///data/a.txt": 600_000, "file:///data/b.txt": 400_000}

@@ -6,9 +6,9 @@ import pytest
 
 from include.promote import promote_record
 from include.record import collect_record
-from spark_jobs.lib import lake, run_folder
-from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.stages import STAGE_NAMES
+from pipeline import lake, run_folder
+from pipeline.errors import PipelineError
+from pipeline.stages import STAGE_NAMES
 from tests.include.records import (
     RECORD_BUCKET,
     collected_run,

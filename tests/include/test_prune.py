@@ -13,9 +13,9 @@ import pytest
 from include.promote import promote_record
 from include.prune import remove_old_runs
 from include.record import RunFolder, collect_record
-from spark_jobs.lib import lake, run_folder
-from spark_jobs.lib.config_files import load_config
-from spark_jobs.lib.stages import STAGE_NAMES
+from pipeline import lake, run_folder
+from pipeline.config_files import load_config
+from pipeline.stages import STAGE_NAMES
 from tests.include.records import (
     LAKE_BUCKET,
     finished_run,

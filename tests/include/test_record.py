@@ -10,10 +10,10 @@ import pytest
 
 from include.record import collect_record
 from include.report_link import report_url
-from spark_jobs.lib import lake, run_folder
-from spark_jobs.lib.config_files import load_config
-from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.stages import STAGE_NAMES
+from pipeline import lake, run_folder
+from pipeline.config_files import load_config
+from pipeline.errors import PipelineError
+from pipeline.stages import STAGE_NAMES
 from tests.include.records import (
     LAKE_BUCKET,
     RECORD_BUCKET,

@@ -16,9 +16,9 @@ import pytest
 
 from include import emr, emr_tasks, wheelhouse
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib import run_folder
-from spark_jobs.lib.config_files import load_config
-from spark_jobs.lib.errors import PipelineError
+from pipeline import run_folder
+from pipeline.config_files import load_config
+from pipeline.errors import PipelineError
 
 CODE_BUCKET, LAKE_BUCKET = "gpt-pipeline", "test-lake"
 EMR_TARGET = ["target=emr", f"lake=s3://{LAKE_BUCKET}/pipeline"]

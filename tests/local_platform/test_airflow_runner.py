@@ -20,11 +20,11 @@ import yaml
 
 from local_platform import airflow_runner
 from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib import run_folder
-from spark_jobs.lib.config import REPO_ROOT
-from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, read_yaml
-from spark_jobs.lib.overrides import apply_overrides
-from spark_jobs.lib.stages import STAGE_NAMES
+from pipeline import run_folder
+from pipeline.config import REPO_ROOT
+from pipeline.config_files import DEFAULT_CONFIG_PATH, read_yaml
+from pipeline.overrides import apply_overrides
+from pipeline.stages import STAGE_NAMES
 from tests.listening import listening_sockets
 
 HOLD = """

@@ -15,7 +15,7 @@ from moto.server import ThreadedMotoServer
 from include import emr
 from local_platform.rehearsal import emr_runner
 from local_platform.rehearsal.emr_runner import EmrRehearsalRunner, memory_mb, spark_settings, substitute
-from spark_jobs.lib.config_files import load_config
+from pipeline.config_files import load_config
 
 MASTER = "spark://127.0.0.1:7077"
 REGION = "us-east-1"

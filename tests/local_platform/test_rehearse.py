@@ -11,8 +11,9 @@ import pytest
 from include import emr, emr_checks, loopback_only
 from local_platform.rehearsal import rehearse
 from local_platform.rehearsal.rehearse import Rehearsal, main
-from spark_jobs.lib import memory, storage
-from spark_jobs.lib.errors import PipelineError
+from pipeline import disk_room
+from pipeline.errors import PipelineError
+from spark_jobs.training import memory
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ def test_the_emr_targets_checks_accept_the_rehearsals_config(rehearsal):
     emr.check_sensor_limits(config, rehearsal.dag_config)
     emr.check_budget(config, rehearsal.dag_config)
     memory.check_training_fits(config, emr.train_executor_memory_mb(config)[1], "a core node")
-    storage.check_core_node_room(config, {config.corpus[0]: 60_000})
+    disk_room.check_core_node_room(config, {config.corpus[0]: 60_000})
     emr_checks.check_own_buckets(emr_checks.bucket_settings(config))
     emr_checks.check_subnet(config)
 

@@ -1,25 +1,3 @@
-"""An S3 (a moto server) and a folder on local disk or on it, for the tests of the lake and corpus files."""
+"""The lake fixtures: `s3`, a moto server, and `folder`, a folder on local disk or on it."""
 
-from __future__ import annotations
-
-import pytest
-
-from local_platform.moto_s3 import LocalS3
-from spark_jobs.lib.config import to_uri
-
-BUCKET = "lake-names"
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with LocalS3(buckets=(BUCKET,)) as server:
-        yield server
-
-
-@pytest.fixture(params=["local", "s3"])
-def folder(request, tmp_path, s3, monkeypatch) -> str:
-    if request.param == "local":
-        return to_uri(str(tmp_path / "my books"))
-    for name, value in s3.connection_env().items():
-        monkeypatch.setenv(name, value)
-    return f"s3://{BUCKET}/{tmp_path.name}/my books"
+from tests.lake_fixtures import folder, s3  # noqa: F401 (fixtures)

@@ -1,11 +1,11 @@
 """A small Spark stage for tests/spark_jobs/test_spark_metrics.py, run with spark-submit through
-spark_jobs.lib.stage.run_stage as every stage is: Spark writes ROWS rows of Parquet, reads them back
+spark_jobs.spark.stage_app.run_stage as every stage is: Spark writes ROWS rows of Parquet, reads them back
 and counts them by key (a shuffle), so that its metrics hold input, output and shuffle."""
 
 from __future__ import annotations
 
-from spark_jobs.lib import lake
-from spark_jobs.lib.stage import run_stage
+from pipeline import lake
+from spark_jobs.spark.stage_app import run_stage
 
 STAGE = "metrics-check"
 ROWS = 5000

@@ -6,7 +6,8 @@ import posixpath
 import tempfile
 from pathlib import Path
 
-from spark_jobs.lib import lake, tensorboard_log
+from pipeline import lake
+from spark_jobs.training import tensorboard_log
 
 
 def read_events(run: str) -> dict[str, dict[str, dict[int, object]]]:

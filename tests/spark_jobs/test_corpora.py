@@ -14,10 +14,12 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline import lake, run_folder
+from pipeline.config import REPO_ROOT
 from spark_jobs import export_tfrecord, positional_embed, tokenize_corpus, window
-from spark_jobs.lib import bpe, lake, parts, run_folder, spark_metrics
-from spark_jobs.lib.config import REPO_ROOT
-from spark_jobs.lib.stage import run_stage
+from spark_jobs.spark import parts, spark_metrics
+from spark_jobs.spark.stage_app import run_stage
+from spark_jobs.text import bpe
 from tests.conftest import new_run, small_config
 
 pytestmark = pytest.mark.slow

@@ -14,14 +14,17 @@ import yaml
 from tokenizers import ByteLevelBPETokenizer
 
 from local_platform.moto_s3 import LocalS3
+from pipeline import run_folder
+from pipeline.config import REPO_ROOT, GenerateConfig
+from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
+from pipeline.errors import PipelineError
+from pipeline.overrides import apply_overrides
 from spark_jobs import generate as generate_module
 from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, sample_texts, samples
-from spark_jobs.lib import bpe, run_folder, sampling, tensorboard_log
-from spark_jobs.lib.config import REPO_ROOT, GenerateConfig
-from spark_jobs.lib.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
-from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.model import build_decoder
-from spark_jobs.lib.overrides import apply_overrides
+from spark_jobs.model import sampler
+from spark_jobs.model.decoder import build_decoder
+from spark_jobs.text import bpe
+from spark_jobs.training import tensorboard_log
 from tests.spark_jobs.tensorboard_events import read_events
 
 
@@ -33,9 +36,9 @@ LOGITS = np.array([0.0, 3.0, 1.0, 2.9, -1.0, 2.0])
 
 
 def pick(logits: np.ndarray, settings: GenerateConfig, index: int, known: int | None = None) -> int:
-    """The token sampling.pick draws from one sample's logits, as the decode loop's index-th draw."""
+    """The token sampling's pick draws from one sample's logits, as the decode loop's index-th draw."""
     known = logits.shape[-1] if known is None else known
-    return int(sampling.pick(np.float32(logits)[None], known, settings, [settings.seed], index)[0])
+    return int(sampler.pick(np.float32(logits)[None], known, settings, [settings.seed], index)[0])
 
 
 def picks(settings: GenerateConfig, draws: int = 400) -> set[int]:
@@ -87,9 +90,9 @@ def test_generation_repeats_with_the_same_seed_and_varies_with_another(model_dir
 
 
 def test_generation_stops_before_the_stop_token(deeper_model):
-    tokens = sampling.decode(deeper_model, [1, 2, 3], 1, max_new_tokens=12, rule=settings(strategy="greedy"), seed=0)[0]
+    tokens = sampler.decode(deeper_model, [1, 2, 3], 1, max_new_tokens=12, rule=settings(strategy="greedy"), seed=0)[0]
     end = next(index for index, token in enumerate(tokens) if index > 0 and token not in tokens[:index])
-    stopped = sampling.decode(
+    stopped = sampler.decode(
         deeper_model, [1, 2, 3], 1, max_new_tokens=12, rule=settings(strategy="greedy"), seed=0, stop_id=tokens[end]
     )
     assert stopped == [tokens[:end]]  # nothing from the stop token on
@@ -99,7 +102,7 @@ def test_an_empty_prompt_starts_a_new_document(model_dir, monkeypatch):
     model, tokenizer = load_model(model_dir.as_uri())
     to, be = tokenizer.encode(" to").ids[0], tokenizer.encode(" be").ids[0]
     calls = []
-    monkeypatch.setattr(sampling, "decode", lambda model, prompt, **rest: calls.append((prompt, rest)) or [[to, be]])
+    monkeypatch.setattr(sampler, "decode", lambda model, prompt, **rest: calls.append((prompt, rest)) or [[to, be]])
     text = generate(model, tokenizer, settings(prompt="", max_new_tokens=10))
     assert [prompt for prompt, _ in calls] == [[bpe.separator_id(tokenizer)]]  # the model continues <|endoftext|>
     assert calls[0][1]["stop_id"] == bpe.separator_id(tokenizer)  # and ends where the model ends the document
@@ -131,7 +134,7 @@ def test_only_ids_the_tokenizer_knows_are_drawn(model_dir):
 def reference_generate(model, tokenizer, settings: GenerateConfig, window_slide: int = 1) -> str:
     """The sampler before the KV cache: the whole model on the whole context for every token. Its
     context is the last block_size tokens (window_slide 1); with window_slide s, once longer than the
-    block it starts over from its last block_size - s + 1 tokens, as sampling.decode's window."""
+    block it starts over from its last block_size - s + 1 tokens, as sampler.decode's window."""
     end_of_text = bpe.separator_id(tokenizer)
     ids = tokenizer.encode(settings.prompt).ids if settings.prompt else [end_of_text]
     block_size = model.get_layer("embedding").block_size
@@ -169,7 +172,7 @@ def test_the_cached_step_gives_the_full_passs_logits_at_every_position(deeper_mo
     ids = np.random.default_rng(0).integers(0, 300, (3, 8)).astype(np.int32)
     full = deeper_model(ids, training=False).numpy()  # [3, 8, 300]
     assert np.abs(full).max() > 1  # logits that differ
-    decoder = sampling.cached_decoder(deeper_model)
+    decoder = sampler.cached_decoder(deeper_model)
     for length in range(1, 9):  # prefill of the first `length` ids (the rest is padding)
         logits, _ = decoder.prefill(ids, np.int32(length))
         np.testing.assert_allclose(logits.numpy(), full[:, length - 1], rtol=0, atol=LOGITS_TOLERANCE)
@@ -210,9 +213,9 @@ def test_a_sample_of_a_batch_is_the_sample_drawn_alone(model_dir, deeper_model):
 def test_samples_of_a_batch_end_apart(deeper_model):
     """A sample that draws the stop token ends there; the others run on."""
     rule = settings(strategy="top_k", temperature=1.0)
-    first, second = sampling.decode(deeper_model, [1, 2, 3], 2, max_new_tokens=20, rule=rule, seed=4)
+    first, second = sampler.decode(deeper_model, [1, 2, 3], 2, max_new_tokens=20, rule=rule, seed=4)
     end = next(i for i, token in enumerate(first) if token not in first[:i] and token not in second)
-    stopped = sampling.decode(deeper_model, [1, 2, 3], 2, max_new_tokens=20, rule=rule, seed=4, stop_id=first[end])
+    stopped = sampler.decode(deeper_model, [1, 2, 3], 2, max_new_tokens=20, rule=rule, seed=4, stop_id=first[end])
     assert stopped == [first[:end], second]
 
 

@@ -1,4 +1,4 @@
-"""The training memory estimate (spark_jobs/lib/memory.py) and the refusals built on it. How close
+"""The training memory estimate (spark_jobs/training/memory.py) and the refusals built on it. How close
 the estimate comes to a real worker's peak is checked by tests/spark_jobs/test_train.py and measured, for
 several model shapes, by benchmarks/train_memory.py."""
 
@@ -8,9 +8,9 @@ import pytest
 
 from include import emr, emr_tasks
 from local_platform import airflow_runner
-from spark_jobs.lib import memory
-from spark_jobs.lib.config import ConfigError
-from spark_jobs.lib.config_files import load_config
+from pipeline.config import ConfigError
+from pipeline.config_files import load_config
+from spark_jobs.training import memory
 
 EMR = {"target": "emr", "lake": "s3://gpt-pipeline/lake", "corpus": "s3://gpt-pipeline/corpus/*.txt"}
 
@@ -24,7 +24,7 @@ EMR = {"target": "emr", "lake": "s3://gpt-pipeline/lake", "corpus": "s3://gpt-pi
     ],
 )
 def test_the_parameter_count_is_the_models(overrides):
-    from spark_jobs.lib.model import decoder_for
+    from spark_jobs.model.decoder import decoder_for
 
     config = load_config(overrides=overrides)
     assert memory.parameters(config) == decoder_for(config).count_params()

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from spark_jobs.lib.model import build_decoder, initialise_embedding
+from spark_jobs.model.decoder import build_decoder, initialise_embedding
 
 VOCAB, BLOCK, DIM = 50, 16, 16
 

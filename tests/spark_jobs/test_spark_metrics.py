@@ -1,4 +1,4 @@
-"""Spark's metrics of a stage (spark_jobs.lib.spark_metrics): the summary of a recorded event log,
+"""Spark's metrics of a stage (spark_jobs.spark.spark_metrics): the summary of a recorded event log,
 a stage whose metrics cannot be had, and a real small stage run with spark-submit whose event log
 the History Server that ships with pyspark serves."""
 
@@ -17,8 +17,9 @@ import pytest
 from include.local_spark import LOOPBACK_CONF, spark_env
 from include.spark_submit import stage_conf
 from local_platform.rehearsal.cluster import SparkStandaloneCluster
-from spark_jobs.lib import lake, run_folder, spark_metrics
-from spark_jobs.lib.config import REPO_ROOT
+from pipeline import lake, run_folder
+from pipeline.config import REPO_ROOT
+from spark_jobs.spark import spark_metrics
 from tests.conftest import SHARED_CORPUS, new_run, small_config
 from tests.listening import free_port, listening_sockets
 from tests.spark_jobs import metrics_stage

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spark_jobs.lib import lake, tensorboard_log
+from pipeline import lake
+from spark_jobs.training import tensorboard_log
 from tests.spark_jobs.tensorboard_events import read_events
 
 ROW = {"step": 20, "val_loss": 2.5, "val_nats_per_char": 1.25}

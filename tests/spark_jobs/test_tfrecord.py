@@ -1,4 +1,4 @@
-"""The TFRecord codec (spark_jobs/lib/tfrecord.py) against TensorFlow itself."""
+"""The TFRecord codec (spark_jobs/text/tfrecord.py) against TensorFlow itself."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from spark_jobs.lib import tfrecord
-from spark_jobs.lib.embeddings import sinusoidal
+from spark_jobs.text import tfrecord
+from spark_jobs.text.embedding_tables import sinusoidal
 
 
 def tf_example(window: np.ndarray):
@@ -117,7 +117,7 @@ def test_sinusoidal_table():
 def test_validation_batches_repeat_a_workers_few_windows_to_fill_a_batch(tmp_path):
     """A small corpus may give a worker fewer validation windows than its batch: the batch holds
     them repeated, each as often as the others when the batch is a multiple of their number."""
-    from spark_jobs.lib.train_data import eval_batches
+    from spark_jobs.training.input_pipeline import eval_batches
 
     windows = np.arange(3 * 5, dtype=np.int64).reshape(3, 5)  # 3 windows of T + 1 = 5 ids
     path = tmp_path / "part-00000.tfrecord"

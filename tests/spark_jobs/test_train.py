@@ -25,13 +25,14 @@ from include.local_spark import local_argv, spark_env, submit_stage
 from include.spark_submit import package_code
 from local_platform.moto_s3 import LocalS3
 from local_platform.stage_runner import run_pipeline
+from pipeline import lake, run_folder
+from pipeline.config import REPO_ROOT
+from pipeline.config_files import load_config
+from pipeline.stages import PREPROCESSING_STAGES
 from spark_jobs.generate import load_model
-from spark_jobs.lib import lake, memory, run_folder, tensorboard_log
-from spark_jobs.lib.config import REPO_ROOT
-from spark_jobs.lib.config_files import load_config
-from spark_jobs.lib.stages import PREPROCESSING_STAGES
-from spark_jobs.lib.train_stats import EPOCH_COLUMNS
-from spark_jobs.lib.trainer import build_optimizer
+from spark_jobs.training import memory, tensorboard_log
+from spark_jobs.training.train_stats import EPOCH_COLUMNS
+from spark_jobs.training.trainer import build_optimizer
 from tests.conftest import small_config
 from tests.spark_jobs.tensorboard_events import read_events
 
@@ -187,7 +188,7 @@ def whole_split_loss(run: str) -> float:
     """The saved model's mean loss per token over every validation window, each once."""
     import tensorflow as tf
 
-    from spark_jobs.lib.tfrecord import decode_example, iter_records
+    from spark_jobs.text.tfrecord import decode_example, iter_records
 
     model, _ = load_model(lake.join(run, run_folder.MODEL_FOLDER))
     manifest = lake.read_json(lake.join(run, run_folder.MANIFEST_PATH))
@@ -215,7 +216,7 @@ def run_processes(run: str) -> list[psutil.Process]:
 
 def training_processes(run: str) -> list[psutil.Process]:
     """The run's TensorFlow workers."""
-    return [process for process in run_processes(run) if "spark_jobs.lib.trainer" in process.info["cmdline"]]
+    return [process for process in run_processes(run) if "spark_jobs.training.trainer" in process.info["cmdline"]]
 
 
 def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup(prepared):
@@ -362,7 +363,7 @@ def run_worker(run: str, config, tmp_path: Path) -> dict:
     lake.write_text(lake.join(run, run_folder.CONFIG_FILE), config.to_json())
     result_file = tmp_path / "result.json"
     completed = subprocess.run(
-        [sys.executable, "-m", "spark_jobs.lib.trainer", "--run-dir", run, "--result", str(result_file)],
+        [sys.executable, "-m", "spark_jobs.training.trainer", "--run-dir", run, "--result", str(result_file)],
         cwd=REPO_ROOT,
         env={**os.environ, "TMPDIR": str(tmp_path)},  # TensorFlow's autograph files, which a worker's exit leaves
     )

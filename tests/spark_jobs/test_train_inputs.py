@@ -7,11 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spark_jobs.lib import lake, run_folder, train_data
-from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.run_folder import StageIncomplete
-from spark_jobs.lib.train_stats import EPOCH_COLUMNS, IntervalStats, StepTimes, epochs_csv, nats_per_char
+from pipeline import lake, run_folder
+from pipeline.errors import PipelineError
+from pipeline.run_folder import StageIncomplete
 from spark_jobs.train import settings_warnings, train
+from spark_jobs.training import input_pipeline
+from spark_jobs.training.train_stats import EPOCH_COLUMNS, IntervalStats, StepTimes, epochs_csv, nats_per_char
 from tests.conftest import new_run, small_config
 
 
@@ -48,10 +49,10 @@ def run_with(tmp_path, shakespeare_slice):
 
 def test_a_matching_manifest_is_accepted(run_with):
     config, run = run_with(manifest())
-    assert train_data.read_manifest(run, config)["vocab_size"] == 512
+    assert input_pipeline.read_manifest(run, config)["vocab_size"] == 512
     # Fewer validation windows than a batch are enough, one in every shard.
     config, run = run_with(manifest(val_windows=4))
-    assert train_data.read_manifest(run, config)["splits"]["val"]["windows"] == 4
+    assert input_pipeline.read_manifest(run, config)["splits"]["val"]["windows"] == 4
 
 
 @pytest.mark.parametrize(
@@ -77,7 +78,7 @@ def test_a_matching_manifest_is_accepted(run_with):
 def test_a_manifest_that_does_not_fit_is_named(run_with, content, message):
     config, run = run_with(content)
     with pytest.raises(PipelineError, match=message) as error:
-        train_data.read_manifest(run, config)
+        input_pipeline.read_manifest(run, config)
     assert run_folder.MANIFEST_PATH in str(error.value)
 
 
@@ -89,8 +90,11 @@ def test_training_before_tokenize_says_which_stage_to_run(tmp_path, shakespeare_
 
 def test_each_worker_reads_every_w_th_shard():
     shards = manifest(shards=6)
-    assert train_data.worker_shards(shards, "train", 1, 3) == ["train/part-00001.tfrecord", "train/part-00004.tfrecord"]
-    everyone = sum((train_data.worker_shards(shards, "val", index, 3) for index in range(3)), [])
+    assert input_pipeline.worker_shards(shards, "train", 1, 3) == [
+        "train/part-00001.tfrecord",
+        "train/part-00004.tfrecord",
+    ]
+    everyone = sum((input_pipeline.worker_shards(shards, "val", index, 3) for index in range(3)), [])
     assert sorted(everyone) == shards["splits"]["val"]["shards"]
 
 
@@ -162,17 +166,20 @@ def test_an_attempts_first_step_which_compiles_is_left_out_of_its_throughput():
 
 
 def test_windows_stay_in_memory_only_while_they_fit_half_the_room_the_model_leaves():
-    one_window = 128 * train_data.WINDOW_BYTES_PER_TOKEN
-    assert train_data.keep_in_memory(1000, 128, room_bytes=2 * 1000 * one_window)
-    assert not train_data.keep_in_memory(1001, 128, room_bytes=2 * 1000 * one_window)
-    assert not train_data.keep_in_memory(1, 128, room_bytes=-5e9)  # a model bigger than its budget
-    assert train_data.shuffle_buffer(128) == 100_000  # the default shape keeps its buffer
-    assert train_data.shuffle_buffer(4096) * 4096 * train_data.WINDOW_BYTES_PER_TOKEN <= train_data.SHUFFLE_BUFFER_BYTES
-    assert train_data.shuffle_buffer(10**7) == 1_000
+    one_window = 128 * input_pipeline.WINDOW_BYTES_PER_TOKEN
+    assert input_pipeline.keep_in_memory(1000, 128, room_bytes=2 * 1000 * one_window)
+    assert not input_pipeline.keep_in_memory(1001, 128, room_bytes=2 * 1000 * one_window)
+    assert not input_pipeline.keep_in_memory(1, 128, room_bytes=-5e9)  # a model bigger than its budget
+    assert input_pipeline.shuffle_buffer(128) == 100_000  # the default shape keeps its buffer
+    assert (
+        input_pipeline.shuffle_buffer(4096) * 4096 * input_pipeline.WINDOW_BYTES_PER_TOKEN
+        <= input_pipeline.SHUFFLE_BUFFER_BYTES
+    )
+    assert input_pipeline.shuffle_buffer(10**7) == 1_000
 
 
 def test_streamed_windows_give_the_same_batches_as_windows_kept_in_memory(tmp_path):
-    from spark_jobs.lib import tfrecord
+    from spark_jobs.text import tfrecord
 
     block_size = 8
     windows = np.random.default_rng(7).integers(0, 500, size=(300, block_size + 1))
@@ -180,7 +187,9 @@ def test_streamed_windows_give_the_same_batches_as_windows_kept_in_memory(tmp_pa
     path.write_bytes(tfrecord.windows_to_tfrecord_bytes(windows))
 
     def first_batches(in_memory: bool, take: int = 60, skip: int = 2) -> list[np.ndarray]:
-        batches = train_data.train_batches([str(path)], block_size, 16, seed=3, skip_batches=skip, in_memory=in_memory)
+        batches = input_pipeline.train_batches(
+            [str(path)], block_size, 16, seed=3, skip_batches=skip, in_memory=in_memory
+        )
         return [inputs.numpy() for inputs, _ in batches.take(take)]  # 60 batches: more than three passes
 
     kept, streamed = first_batches(True), first_batches(False)
@@ -190,7 +199,7 @@ def test_streamed_windows_give_the_same_batches_as_windows_kept_in_memory(tmp_pa
     assert all(np.array_equal(a, b) for a, b in zip(kept, uninterrupted[2:], strict=True))
     assert not np.array_equal(kept[0], uninterrupted[0])
     evaluated = {
-        flag: [t.numpy() for _, t, _ in train_data.eval_batches([str(path)], block_size, 16, flag).take(3)]
+        flag: [t.numpy() for _, t, _ in input_pipeline.eval_batches([str(path)], block_size, 16, flag).take(3)]
         for flag in (True, False)
     }
     assert all(np.array_equal(a, b) for a, b in zip(*evaluated.values(), strict=True))
@@ -212,7 +221,7 @@ def test_the_last_evaluation_covers_the_validation_split_up_to_twenty_evaluation
     split could take longer than the train step's time limit foresees."""
     from types import SimpleNamespace
 
-    from spark_jobs.lib.trainer import Worker
+    from spark_jobs.training.trainer import Worker
 
     config = small_config(tmp_path, shakespeare_slice, ["train.batch_size=16", "train.eval_batches=4"])
 
@@ -230,26 +239,26 @@ def test_the_last_evaluation_covers_the_validation_split_up_to_twenty_evaluation
 
 def test_the_whole_split_pass_scores_each_window_once_and_pads_with_weight_zero(tmp_path):
     """Workers with unequal windows take the same number of full batches; padding weighs nothing."""
-    from spark_jobs.lib import tfrecord
+    from spark_jobs.text import tfrecord
 
     windows = np.arange(13 * 5).reshape(13, 5)  # 13 windows of block_size 4
     path = tmp_path / "part-00000.tfrecord"
     path.write_bytes(tfrecord.windows_to_tfrecord_bytes(windows))
-    batches = list(train_data.whole_split_batches([str(path)], 4, batch_size=4, batches=5).as_numpy_iterator())
+    batches = list(input_pipeline.whole_split_batches([str(path)], 4, batch_size=4, batches=5).as_numpy_iterator())
     assert len(batches) == 5 and all(len(inputs) == 4 for inputs, _, _ in batches)
     inputs = np.concatenate([inputs for inputs, _, _ in batches])
     weights = np.concatenate([weights for _, _, weights in batches])
     np.testing.assert_array_equal(inputs[:13], windows[:, :-1])
     assert weights.tolist() == [1.0] * 13 + [0.0] * 7
     # Fewer batches than the windows need: the first windows, once each (the limit of a large split).
-    limited = list(train_data.whole_split_batches([str(path)], 4, batch_size=4, batches=2).as_numpy_iterator())
+    limited = list(input_pipeline.whole_split_batches([str(path)], 4, batch_size=4, batches=2).as_numpy_iterator())
     np.testing.assert_array_equal(np.concatenate([inputs for inputs, _, _ in limited]), windows[:8, :-1])
 
 
 def test_a_backup_is_resumed_whatever_the_loop_reports_evaluates_or_backs_up(tmp_path, shakespeare_slice):
     """A long run stopped and run again with another progress or evaluation interval resumes; a
     setting that shapes the weights or the optimizer's state starts over."""
-    from spark_jobs.lib.trainer import fingerprint
+    from spark_jobs.training.trainer import fingerprint
 
     taken = lambda *overrides: fingerprint(small_config(tmp_path, shakespeare_slice, list(overrides)), manifest())  # noqa: E731
     assert (
@@ -279,8 +288,8 @@ def test_a_backup_is_resumed_whatever_the_loop_reports_evaluates_or_backs_up(tmp
 def test_a_backup_taken_with_other_settings_is_ignored_naming_them(tmp_path, shakespeare_slice):
     import keras
 
-    from spark_jobs.lib import train_state
-    from spark_jobs.lib.trainer import fingerprint, resume_settings
+    from spark_jobs.training import backups
+    from spark_jobs.training.trainer import fingerprint, resume_settings
 
     def identity(config):
         return {"fingerprint": fingerprint(config, manifest()), "settings": resume_settings(config)}
@@ -290,16 +299,16 @@ def test_a_backup_taken_with_other_settings_is_ignored_naming_them(tmp_path, sha
     optimizer.build(model.trainable_variables)
     config = small_config(tmp_path, shakespeare_slice)
     run = new_run(config)
-    train_state.save_backup(run, 20, model, optimizer, [{"step": 20}], identity(config))
+    backups.save_backup(run, 20, model, optimizer, [{"step": 20}], identity(config))
     quicker = small_config(tmp_path, shakespeare_slice, ["train.log_interval=1"])
-    assert train_state.load_backup(run, model, optimizer, identity(quicker)) == {
+    assert backups.load_backup(run, model, optimizer, identity(quicker)) == {
         "step": 20,
         "rows": [{"step": 20}],
         **identity(config),
     }
     slower = small_config(tmp_path, shakespeare_slice, ["train.learning_rate=0.001", "train.log_interval=1"])
-    with pytest.raises(train_state.OtherSettings) as ignored:
-        train_state.load_backup(run, model, optimizer, identity(slower))
+    with pytest.raises(backups.OtherSettings) as ignored:
+        backups.load_backup(run, model, optimizer, identity(slower))
     assert str(ignored.value) == (
         f"ignoring the training backup {run}/checkpoints/state.npz (step 20): it was taken with other settings: "
         "train.learning_rate 0.002 -> 0.001; training starts from step 0"
@@ -315,7 +324,7 @@ def test_a_local_lakes_shards_are_read_in_place_and_an_s3_lakes_are_copied(tmp_p
     for shard in shards:
         lake.write_bytes(lake.join(local_run, run_folder.TFRECORDS_FOLDER, shard), shard.encode())
     # No copy of a local lake: the lake's disk room is checked for its TFRecords once, not twice.
-    assert train_data.local_shards(local_run, shards, copies) == [
+    assert input_pipeline.local_shards(local_run, shards, copies) == [
         lake.local_path(lake.join(local_run, run_folder.TFRECORDS_FOLDER, shard)) for shard in shards
     ]
     assert not copies.exists()
@@ -325,13 +334,13 @@ def test_a_local_lakes_shards_are_read_in_place_and_an_s3_lakes_are_copied(tmp_p
         s3_run = "s3://lake/runs/r"
         for shard in shards:
             lake.write_bytes(lake.join(s3_run, run_folder.TFRECORDS_FOLDER, shard), shard.encode())
-        paths = train_data.local_shards(s3_run, shards, copies)
+        paths = input_pipeline.local_shards(s3_run, shards, copies)
     assert paths == [str(copies / shard) for shard in shards]
     assert [Path(path).read_bytes() for path in paths] == [shard.encode() for shard in shards]
 
 
 def test_the_learning_rate_warms_up_from_the_first_step_and_decays_to_its_minimum(tmp_path, shakespeare_slice):
-    from spark_jobs.lib.trainer import build_optimizer
+    from spark_jobs.training.trainer import build_optimizer
 
     config = small_config(
         tmp_path,
@@ -353,9 +362,9 @@ def test_the_learning_rate_warms_up_from_the_first_step_and_decays_to_its_minimu
 
 def test_a_backup_restores_the_dropout_layers_random_state_with_the_weights(tmp_path, shakespeare_slice):
     """A run resumed with dropout draws the masks the uninterrupted run would have drawn."""
-    from spark_jobs.lib import train_state
-    from spark_jobs.lib.model import build_decoder
-    from spark_jobs.lib.trainer import build_optimizer
+    from spark_jobs.model.decoder import build_decoder
+    from spark_jobs.training import backups
+    from spark_jobs.training.trainer import build_optimizer
 
     config = small_config(tmp_path, shakespeare_slice)
     run, identity = tmp_path.as_uri(), {"fingerprint": "same", "settings": {}}
@@ -369,9 +378,9 @@ def test_a_backup_restores_the_dropout_layers_random_state_with_the_weights(tmp_
     inputs = np.arange(16).reshape(2, 8) % 50
     model, optimizer = model_and_optimizer()
     model(inputs, training=True)  # draws masks: the random state moves on
-    train_state.save_backup(run, 3, model, optimizer, [], identity)
+    backups.save_backup(run, 3, model, optimizer, [], identity)
     expected = model(inputs, training=True).numpy()
 
     resumed, resumed_optimizer = model_and_optimizer()
-    assert train_state.load_backup(run, resumed, resumed_optimizer, identity)["step"] == 3
+    assert backups.load_backup(run, resumed, resumed_optimizer, identity)["step"] == 3
     np.testing.assert_array_equal(resumed(inputs, training=True).numpy(), expected)

@@ -9,9 +9,10 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from spark_jobs.lib import bpe, corpus, corpus_files, windows
-from spark_jobs.lib.errors import PipelineError
-from spark_jobs.lib.windows import (
+from pipeline import corpus_files
+from pipeline.errors import PipelineError
+from spark_jobs.text import bpe, corpus, sliding_windows
+from spark_jobs.text.sliding_windows import (
     Piece,
     check_windows,
     covered_tokens,
@@ -155,7 +156,7 @@ def test_planning_a_packed_split_reads_each_piece_a_few_times(monkeypatch, n_fil
     # block_size tokens a tail needs. The planner walks each sequence's pieces in the list `sorted`
     # gives it: count what it reads of that list.
     monkeypatch.setattr(
-        windows, "sorted", lambda *args, **kwargs: ReadCountingList(sorted(*args, **kwargs)), raising=False
+        sliding_windows, "sorted", lambda *args, **kwargs: ReadCountingList(sorted(*args, **kwargs)), raising=False
     )
     ReadCountingList.reads = 0
     pieces = [
@@ -227,7 +228,7 @@ def test_corpus_check_size_needs_a_window_in_each_split():
 
 
 def test_corpus_files_come_with_their_sizes(tmp_path):
-    from spark_jobs.lib.config_files import load_config
+    from pipeline.config_files import load_config
 
     (tmp_path / "b.txt").write_text("bb")
     (tmp_path / "a.txt").write_text("a")

@@ -1,0 +1,163 @@
+"""The run-folder contract: every path of a run folder, and the stages' completion markers.
+
+Every run writes under one run folder, {lake}/runs/{run_id}/; stages talk to each other only
+through it, and no other module spells its paths. Paths here are relative to the run folder
+(`lake.join(run, PATH)` is the file's URI), except where a function returns a URI.
+
+A stage is complete when its stats file stats/{stage}.json exists: stages write their outputs
+first and that file last, and clear it before they start, so a crashed stage never looks finished.
+Starting a stage also removes the completion markers of the stages that read its outputs
+(pipeline.stages), so they never look finished with outputs made from older inputs; their
+other files stay until they run again.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from pipeline import lake, stages
+from pipeline.config import PipelineConfig
+from pipeline.errors import PipelineError
+
+RUNS_FOLDER = "runs"  # in the lake: the run folders
+
+# What the run starts with: the resolved config (create_run).
+CONFIG_FILE = "config.json"
+# tokenize's: the tokenizer (read by window when packing, and by train) and the tokens (Parquet).
+TOKENIZER_FOLDER = "tokenizer"
+TOKENIZER_PATH = f"{TOKENIZER_FOLDER}/tokenizer.json"
+TOKENS_FOLDER = "tokens"
+# window's: the windows (Parquet).
+WINDOWS_FOLDER = "windows"
+# positional_embed's: the token vectors [V, D], the position table [T, D] and what they hold.
+EMBEDDINGS_FOLDER = "embeddings"
+TOKEN_VECTORS_PATH = f"{EMBEDDINGS_FOLDER}/token_vectors.npy"
+POSITIONS_PATH = f"{EMBEDDINGS_FOLDER}/positions.npy"
+EMBEDDINGS_META_PATH = f"{EMBEDDINGS_FOLDER}/meta.json"
+# export's: the TFRecord shards, tfrecords/{split}/part-*.tfrecord, and their manifest (read by train).
+TFRECORDS_FOLDER = "tfrecords"
+MANIFEST_PATH = f"{TFRECORDS_FOLDER}/manifest.json"
+# Where a stage stages its output before moving it in place (hidden from readers by its '_').
+STAGING_FOLDER = "_staging"
+# Every stage's stats, its completion marker (stats_path); train's curve besides.
+STATS_FOLDER = "stats"
+EPOCHS_CSV_PATH = f"{STATS_FOLDER}/epochs.csv"
+ERRORS_FOLDER = "errors"  # error_path
+# Every Spark application's event log, one file per stage (spark_event_log_path), for the History Server.
+SPARK_EVENTS_FOLDER = "spark-events"
+PROGRESS_FOLDER = "progress"  # progress_path
+# train's: the backup an unfinished training resumes from, and the model with a copy of the tokenizer.
+BACKUP_FOLDER = "checkpoints"
+BACKUP_PATH = f"{BACKUP_FOLDER}/state.npz"
+MODEL_FOLDER = "model"
+MODEL_FILE = "model.keras"  # in the model folder
+MODEL_TOKENIZER_FILE = "tokenizer.json"  # in the model folder
+# generate's: prompt and continuation.
+SAMPLES_PATH = "samples.txt"
+# TensorBoard's event files: train's scalars (the chief's) and generate's samples (spark_jobs.training.tensorboard_log).
+TENSORBOARD_FOLDER = "tensorboard"
+# The run's report, written by the collect task once every stage has completed.
+REPORT_JSON = "report.json"
+REPORT_TEXT = "report.md"
+REPORT_HTML = "report.html"  # one file: its charts and styles inline
+REPORTS = (REPORT_JSON, REPORT_TEXT, REPORT_HTML)
+# Held by the command or task using a local run folder (include/locks.py); hidden: no reader of the
+# run folder takes it for an output.
+LOCK_FILE = ".in-use.lock"
+# In a run folder that prune_runs has begun to remove (include/prune.py).
+REMOVING = "REMOVING"
+
+
+class StageIncomplete(PipelineError):
+    """A stage's input is missing because the stage that writes it has not completed."""
+
+
+def runs_folder(lake_uri: str) -> str:
+    """The lake's folder of run folders."""
+    return lake.join(lake_uri, RUNS_FOLDER)
+
+
+def run_dir(config: PipelineConfig, run_id: str) -> str:
+    return lake.join(runs_folder(config.lake), safe_run_id(run_id))
+
+
+def safe_run_id(run_id: str) -> str:
+    """The run id as a folder name: Airflow run ids hold ':' and '+', which are awkward in paths and
+    S3 keys, and a leading '.' would make a hidden folder, or with '..' the lake itself."""
+    if not run_id:
+        raise PipelineError("a run id must not be empty")
+    safe = "".join(char if char.isalnum() or char in "-_." else "_" for char in run_id)
+    return "_" + safe[1:] if safe.startswith(".") else safe
+
+
+def create_run(config: PipelineConfig, run_id: str) -> str:
+    """Make a run folder holding the resolved config, or update an existing one's: the stages
+    whose outputs changed settings make stale are no longer complete, and its report goes. Returns its URI."""
+    folder = run_dir(config, run_id)
+    config_uri = lake.join(folder, CONFIG_FILE)
+    if lake.exists(config_uri):
+        for report in REPORTS:  # run again, it is no longer a collected run (prune_runs)
+            lake.delete(lake.join(folder, report))
+        changed = stages.changed_settings(json.loads(lake.read_text(config_uri)), json.loads(config.to_json()))
+        cleared = [name for stage in stages.stale_stages(list(changed)) for name in clear_stage(folder, stage)]
+        if cleared:
+            settings = ", ".join(f"{path}: {old!r} -> {new!r}" for path, (old, new) in changed.items())
+            print(
+                f"NOTE run folder {folder}: changed {settings}; stage(s) {', '.join(cleared)} no longer complete",
+                file=sys.stderr,
+                flush=True,
+            )
+    try:
+        lake.write_text(config_uri, config.to_json())
+    except OSError as error:  # a lake in a read-only place, under a file, ...
+        raise PipelineError(f"lake {config.lake}: cannot create the run folder {folder}: {error}") from None
+    return folder
+
+
+def stats_path(stage: str) -> str:
+    """Where, in the run folder, a stage's stats go: its completion marker."""
+    return f"{STATS_FOLDER}/{stage}.json"
+
+
+def stats_uri(run: str, stage: str) -> str:
+    return lake.join(run, stats_path(stage))
+
+
+def spark_event_log_path(stage: str) -> str:
+    """Where, in the run folder, a stage's Spark event log goes (spark_jobs.spark.spark_metrics)."""
+    return f"{SPARK_EVENTS_FOLDER}/{stage}"
+
+
+def error_path(stage: str) -> str:
+    """Where, in the run folder, a stage that stopped on an error leaves it (see stage.record_error)."""
+    return f"{ERRORS_FOLDER}/{stage}.json"
+
+
+def progress_path(stage: str) -> str:
+    """Where, in the run folder, a running stage reports how far it is (train does; the EMR target's
+    task logs it while the step runs)."""
+    return f"{PROGRESS_FOLDER}/{stage}.json"
+
+
+def clear_stage(run: str, stage: str) -> list[str]:
+    """Mark a stage and the stages that read its outputs as not complete, and remove the run's
+    report, which no longer describes it; returns the stages that were complete."""
+    cleared = [name for name in (stage, *stages.downstream(stage)) if lake.exists(stats_uri(run, name))]
+    for name in cleared:
+        lake.delete(stats_uri(run, name))
+    for report in REPORTS:
+        lake.delete(lake.join(run, report))
+    return cleared
+
+
+def complete_stage(run: str, stage: str, stats: dict) -> None:
+    lake.write_json(stats_uri(run, stage), stats)
+
+
+def require_stage(run: str, stage: str) -> dict:
+    """The stats of a completed stage, or StageIncomplete naming what to run first."""
+    uri = stats_uri(run, stage)
+    if not lake.exists(uri):
+        raise StageIncomplete(f"stage {stage!r} has not completed in run folder {run} ({uri} is missing): run it first")
+    return lake.read_json(uri)

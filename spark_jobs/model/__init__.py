@@ -1,0 +1,1 @@
+"""The GPT-style decoder and its sampler."""

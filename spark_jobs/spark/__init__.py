@@ -1,0 +1,1 @@
+"""What every stage application shares: its arguments and Spark session, the files executors write, Spark metrics."""

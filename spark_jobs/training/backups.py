@@ -1,0 +1,83 @@
+"""Training-state backups in the run folder (for resuming) and the saved model.
+
+A backup is one .npz with the model's variables (its weights and its dropout layers' random
+state) and the optimizer's, the step and the stats rows
+so far, written whole by the chief. It only exists while a training is unfinished: the train
+stage's driver removes it once the stage is complete (spark_jobs.spark.stage_app.run_stage), so a later
+train stage starts over, while a failure before that (another worker, saving, the driver) resumes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import lake, run_folder, stages
+
+
+class OtherSettings(Exception):
+    """A backup was taken with other settings (or TFRecords): resuming it would not continue this training."""
+
+
+def save_backup(run: str, step: int, model, optimizer, rows: list[dict], identity: dict) -> None:
+    """`identity`: the fingerprint a training must have to resume the backup, and its settings."""
+    arrays = {f"model_{i}": v.numpy() for i, v in enumerate(model.variables)}
+    arrays |= {f"optimizer_{i}": v.numpy() for i, v in enumerate(optimizer.variables)}
+    meta = {"step": step, "rows": rows, **identity}
+    buffer = io.BytesIO()
+    np.savez(buffer, meta=np.array(json.dumps(meta)), **arrays)
+    lake.write_bytes(lake.join(run, run_folder.BACKUP_PATH), buffer.getvalue())
+
+
+def load_backup(run: str, model, optimizer, identity: dict) -> dict | None:
+    """Restore the last backup into the (built) model and optimizer; returns its meta
+    {step, rows}, None when there is no backup, or raises OtherSettings naming what differs."""
+    uri = lake.join(run, run_folder.BACKUP_PATH)
+    if not lake.exists(uri):
+        return None
+    with np.load(io.BytesIO(lake.read_bytes(uri))) as saved:
+        meta = json.loads(str(saved["meta"]))
+        if meta["fingerprint"] != identity["fingerprint"]:
+            raise OtherSettings(
+                f"ignoring the training backup {uri} (step {meta['step']}): it was taken with "
+                f"{differences(meta, identity['settings'])}; training starts from step 0"
+            )
+        variables = {
+            f"{prefix}_{i}": variable
+            for prefix, of in (("model", model), ("optimizer", optimizer))
+            for i, variable in enumerate(of.variables)
+        }
+        if set(variables) != set(saved.files) - {"meta"}:
+            raise OtherSettings(
+                f"ignoring the training backup {uri} (step {meta['step']}): it holds other variables "
+                "than this model and optimizer; training starts from step 0"
+            )
+        for name, variable in variables.items():
+            variable.assign(saved[name])
+    return meta
+
+
+def differences(meta: dict, settings: dict) -> str:
+    changed = stages.changed_settings(meta["settings"], settings) if "settings" in meta else {}
+    if not changed:
+        return "other settings or TFRecords"
+    return "other settings: " + ", ".join(f"{path} {old!r} -> {new!r}" for path, (old, new) in changed.items())
+
+
+def save_model(run: str, model, tokenizer_json: bytes, is_chief: bool) -> None:
+    """Every worker saves (saving may involve collective ops under a multi-worker strategy);
+    only the chief's copy goes to model/, the others' temporary copies are removed."""
+    local = Path(tempfile.mkdtemp(prefix="gpt-pipeline-model-"))
+    try:
+        model.save(local / run_folder.MODEL_FILE)
+        (local / run_folder.MODEL_TOKENIZER_FILE).write_bytes(tokenizer_json)
+        if is_chief:
+            lake.delete(lake.join(run, run_folder.MODEL_FOLDER))
+            lake.upload_dir(local, lake.join(run, run_folder.MODEL_FOLDER))
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
