@@ -42,7 +42,7 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from include import emr, emr_checks, emr_tasks, local_spark, locks, preflight, trigger_form
-from include.airflow_names import DAG_ID, MODEL_ASSET_NAME
+from include.airflow_names import DAG_ID, model_asset_name
 from include.emr_tasks import EmrClusterReadySensor, EmrCreateClusterOperator, EmrStageSensor
 from include.promote import latest_folder, promote_record
 from include.prune import remove_old_runs
@@ -67,7 +67,7 @@ CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form
 # With target emr the cluster's tasks are built with these when Airflow parses the DAG, too.
 EMR_DAG_SETTINGS = ("emr.aws_conn_id", "emr.region", "emr.poke_interval_seconds", "emr.startup_timeout_minutes")
 # Updated when a run's model becomes latest; the event's extra names the run, its model and the pointer.
-MODEL_ASSET = Asset(name=MODEL_ASSET_NAME, uri=latest_folder(CONFIG))
+MODEL_ASSET = Asset(name=model_asset_name(latest_folder(CONFIG)), uri=latest_folder(CONFIG))
 
 
 def corpus_asset(uri: str) -> Asset:

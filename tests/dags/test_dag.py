@@ -14,7 +14,7 @@ from airflow.sdk import AssetOrTimeSchedule
 from airflow.sdk.definitions.param import ParamsDict
 
 from include import trigger_form
-from include.airflow_names import DAG_ID, MODEL_ASSET_NAME
+from include.airflow_names import DAG_ID, model_asset_name
 from pipeline.config import REPO_ROOT, ConfigError
 from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
 from pipeline.overrides import apply_overrides
@@ -58,7 +58,8 @@ def test_tasks_run_in_pipeline_order(dag):
 def test_promote_updates_the_model_asset_at_the_latest_pointers(dag):
     s3 = load_config().s3
     (asset,) = dag.get_task("promote").outlets
-    assert (asset.name, asset.uri) == (MODEL_ASSET_NAME, f"s3://{s3.bucket}/{s3.prefix}/latest")
+    latest = f"s3://{s3.bucket}/{s3.prefix}/latest"
+    assert (asset.name, asset.uri) == (model_asset_name(latest), latest)
     assert not any(task.outlets for task in dag.tasks if task.task_id != "promote")
 
 
