@@ -42,6 +42,7 @@ def build_report(run, s3_uri: str, stages: tuple[str, ...]) -> dict:
         "warnings": [f"[{stage}] {message}" for stage in stages for message in stats[stage].get("warnings", [])],
         "train": train,
         "evaluations": evaluations(run.read(run_folder.EPOCHS_CSV_PATH).decode("utf-8")),
+        "steps": training_points(run),
         "sample": run.read(run_folder.SAMPLES_PATH).decode("utf-8"),
         "generation": {key: stats["generate"].get(key) for key in GENERATION_KEYS} if "generate" in stats else {},
     }
@@ -62,6 +63,15 @@ def evaluations(epochs_csv: str) -> list[dict]:
     rows = csv.DictReader(io.StringIO(epochs_csv))
     columns = (*CURVE_COLUMNS, "tokens_per_s")
     return [{column: float(row[column]) for column in columns if row.get(column)} for row in rows]
+
+
+def training_points(run) -> list[dict]:
+    """The training curve of stats/steps.csv, one point per log interval: [] for a run folder from
+    before it was written (the report then draws the training loss of the validation passes)."""
+    if not run.has(run_folder.STEPS_CSV_PATH):
+        return []
+    rows = csv.DictReader(io.StringIO(run.read(run_folder.STEPS_CSV_PATH).decode("utf-8")))
+    return [{column: float(value) for column, value in row.items() if value} for row in rows]
 
 
 def figure(value, spec: str = ",") -> str:

@@ -57,7 +57,8 @@ def line_chart(series: dict[str, list[tuple[float, float]]], x_label: str, y_lab
     series = {name: points for name, points in series.items() if points}
     xs = [x for points in series.values() for x, _ in points] or [0.0]
     ys = [y for points in series.values() for _, y in points] or [0.0]
-    x_ticks, y_ticks = nice_ticks(min(0.0, min(xs)), max(xs)), nice_ticks(min(ys), max(ys))
+    # Both axes from zero: a reader compares magnitudes (how far the loss fell), not only shapes.
+    x_ticks, y_ticks = nice_ticks(min(0.0, min(xs)), max(xs)), nice_ticks(min(0.0, min(ys)), max(ys))
     x = Scale(x_ticks[0], x_ticks[-1], LEFT, WIDTH - RIGHT)
     y = Scale(y_ticks[0], y_ticks[-1], HEIGHT - BOTTOM, TOP)
     return {
@@ -88,17 +89,20 @@ def curve(evaluations: list[dict], column: str, factor: float = 1.0) -> list[tup
 
 
 def charts(report: dict) -> dict:
-    """The training's curves from the validation passes of stats/epochs.csv. Training loss is per
-    token there: its nats/char uses the training split's tokens per character, as the validation's does."""
+    """The training's curves: training loss, learning rate and speed at every log interval
+    (stats/steps.csv; a run folder without it, at the validation passes of stats/epochs.csv), and
+    validation loss at each validation pass. Training loss is per token: its nats/char uses the
+    training split's tokens per character, as the validation's does."""
     rows, train_split = report["evaluations"], report["splits"].get("train", {})
+    points = report.get("steps") or rows
     tokens_per_char = train_split["tokens"] / train_split["chars"] if train_split.get("chars") else None
     loss = {"validation": curve(rows, "val_nats_per_char")}
     if tokens_per_char:
-        loss = {"training": curve(rows, "train_loss", tokens_per_char)} | loss
+        loss = {"training": curve(points, "train_loss", tokens_per_char)} | loss
     return {
         "loss": line_chart(loss, "step", "nats/char"),
-        "learning_rate": line_chart({"learning rate": curve(rows, "learning_rate")}, "step", "learning rate"),
-        "tokens_per_s": line_chart({"tokens/s": curve(rows, "tokens_per_s")}, "step", "tokens/s"),
+        "learning_rate": line_chart({"learning rate": curve(points, "learning_rate")}, "step", "learning rate"),
+        "tokens_per_s": line_chart({"tokens/s": curve(points, "tokens_per_s")}, "step", "tokens/s"),
     }
 
 

@@ -43,6 +43,8 @@ STAGING_FOLDER = "_staging"
 # Every stage's stats, its completion marker (stats_path); train's curve besides.
 STATS_FOLDER = "stats"
 EPOCHS_CSV_PATH = f"{STATS_FOLDER}/epochs.csv"
+# The training loss, learning rate and speed at every train.log_interval (the report's curves).
+STEPS_CSV_PATH = f"{STATS_FOLDER}/steps.csv"
 ERRORS_FOLDER = "errors"  # error_path
 # Every Spark application's event log, one file per stage (spark_event_log_path), for the History Server.
 SPARK_EVENTS_FOLDER = "spark-events"

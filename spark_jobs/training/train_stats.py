@@ -1,5 +1,5 @@
 """Training statistics: one stats/epochs.csv row per evaluation interval, and the process's
-memory and CPU figures that go with it."""
+memory and CPU figures that go with it; one stats/steps.csv point per log interval."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ EPOCH_COLUMNS = (
     "workers",
     "resumed_from_step",
 )
+# A point of the training curve: the loss of one step, every train.log_interval steps.
+STEP_COLUMNS = ("step", "train_loss", "learning_rate", "tokens_per_s")
 
 MB = 1024 * 1024
 
@@ -139,8 +141,25 @@ class IntervalStats:
 
 
 def epochs_csv(rows: list[dict]) -> str:
+    return csv_text(rows, EPOCH_COLUMNS)
+
+
+def steps_csv(points: list[dict]) -> str:
+    return csv_text(points, STEP_COLUMNS)
+
+
+def read_steps_csv(text: str, up_to_step: int) -> list[dict]:
+    """The points of a steps.csv up to a step (those a resumed training keeps)."""
+    points = [
+        {"step": int(row["step"])} | {column: float(row[column]) for column in STEP_COLUMNS[1:]}
+        for row in csv.DictReader(io.StringIO(text))
+    ]
+    return [point for point in points if point["step"] <= up_to_step]
+
+
+def csv_text(rows: list[dict], columns: tuple[str, ...]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=EPOCH_COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for row in rows:
         writer.writerow({key: round(value, 6) if isinstance(value, float) else value for key, value in row.items()})

@@ -32,7 +32,7 @@ from spark_jobs.spark.stage_app import load_run_config
 from spark_jobs.text import embedding_tables
 from spark_jobs.text.sliding_windows import SPLITS
 from spark_jobs.training import backups, input_pipeline, memory, tensorboard_log
-from spark_jobs.training.train_stats import IntervalStats, StepTimes, epochs_csv
+from spark_jobs.training.train_stats import IntervalStats, StepTimes, epochs_csv, read_steps_csv, steps_csv
 
 # Exit code of a worker stopped by its settings (e.g. a diverging loss): a retry would fail the
 # same way, so the stage fails at once instead of Spark retrying the barrier stage.
@@ -128,6 +128,7 @@ class Worker:
             self.warn(str(ignored))
         self.start_step = backup["step"] if backup else 0
         self.rows = backup["rows"] if backup else []
+        self.points = self.earlier_points(self.start_step) if self.is_chief else []
         self.board = tensorboard_log.TrainingLog(run, resumed=backup is not None) if self.is_chief else None
         windows = sum(self.manifest["splits"][split]["windows"] for split in SPLITS) // self.workers
         self.in_memory = input_pipeline.keep_in_memory(windows, self.block_size, self.memory_room_bytes())
@@ -259,7 +260,11 @@ class Worker:
                 rate = self.tokens_per_step / seconds
                 logger.info("step %d/%d loss %.4f %s tokens/s", step, train.max_steps, loss, f"{rate:,.0f}")
                 self.report_progress(step, loss, rate, times.per_step() or seconds)
-                self.board.progress(step, loss, float(self.schedule(step - 1)), self.tokens_per_step)
+                learning_rate = float(self.schedule(step - 1))
+                self.board.progress(step, loss, learning_rate, self.tokens_per_step)
+                self.points.append(
+                    {"step": step, "train_loss": loss, "learning_rate": learning_rate, "tokens_per_s": rate}
+                )
             last = step == train.max_steps
             if step % train.eval_interval == 0 or last:
                 self.record_interval(step, stats, time.perf_counter() - interval_started, last)
@@ -268,6 +273,11 @@ class Worker:
                 self.board.events.upload()  # first: a run resumed from the backup has its log up to it
                 backups.save_backup(self.run, step, self.model, self.optimizer, self.rows, self.identity)
         return self.summary(time.perf_counter() - loop_started, times)
+
+    def earlier_points(self, start_step: int) -> list[dict]:
+        """The training curve's points up to the step a resumed training starts from."""
+        uri = lake.join(self.run, run_folder.STEPS_CSV_PATH)
+        return read_steps_csv(lake.read_text(uri), start_step) if start_step and lake.exists(uri) else []
 
     def report_progress(self, step: int, loss: float, tokens_per_s: float, seconds_per_step: float) -> None:
         """progress/train.json in the run folder: how far training is, for whoever watches the run."""
@@ -321,6 +331,7 @@ class Worker:
                 f", {rate:,.0f} tokens/s" if rate is not None else "",
             )
             lake.write_text(lake.join(self.run, run_folder.EPOCHS_CSV_PATH), epochs_csv(self.rows))
+            lake.write_text(lake.join(self.run, run_folder.STEPS_CSV_PATH), steps_csv(self.points))
 
     def summary(self, wall_s: float, times: StepTimes) -> dict:
         """This worker's result: the attempt's steps and speed (its first step, which compiles, apart),

@@ -343,15 +343,25 @@ def report_page(collected_run, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_the_report_page_draws_a_point_per_validation_pass(collected_run, report_page):
-    rows = list(csv.DictReader(io.StringIO(collected_run.read(run_folder.EPOCHS_CSV_PATH).decode())))
-    for chart, series in (("chart-loss", ["training", "validation"]), ("chart-learning-rate", ["learning rate"])):
+def test_the_report_page_draws_training_at_every_log_interval_and_validation_at_each_pass(collected_run, report_page):
+    def rows(path: str) -> list[dict]:
+        return list(csv.DictReader(io.StringIO(collected_run.read(path).decode())))
+
+    evaluations, points = rows(run_folder.EPOCHS_CSV_PATH), rows(run_folder.STEPS_CSV_PATH)
+    config = json.loads(collected_run.read(run_folder.CONFIG_FILE))["train"]
+    logged = [step for step in range(1, config["max_steps"] + 1) if step % config["log_interval"] == 0]
+    assert [int(point["step"]) for point in points] == sorted({*logged, config["max_steps"]})
+    assert len(points) > len(evaluations)
+    for chart, counts in (
+        ("chart-loss", {"training": len(points), "validation": len(evaluations)}),
+        ("chart-learning-rate", {"learning rate": len(points)}),
+        ("chart-tokens-per-s", {"tokens/s": len(points)}),
+    ):
         drawn = report_page.find_elements(By.CSS_SELECTOR, f"svg#{chart} g.series")
-        assert [group.get_attribute("data-name") for group in drawn] == series
-        assert [len(group.find_elements(By.CSS_SELECTOR, "circle.point")) for group in drawn] == [len(rows)] * len(
-            series
-        )
-    assert len(report_page.find_elements(By.CSS_SELECTOR, "svg#chart-tokens-per-s circle.point")) == len(rows)
+        assert {
+            group.get_attribute("data-name"): len(group.find_elements(By.CSS_SELECTOR, "circle.point"))
+            for group in drawn
+        } == counts, chart
     assert len(report_page.find_elements(By.CSS_SELECTOR, "svg#timeline rect.bar")) == len(STAGE_NAMES)
 
 

@@ -207,6 +207,30 @@ def test_the_training_loss_is_drawn_per_character_with_the_training_splits_token
     assert [point["value"] for point in validation["points"]] == [1.0, 0.9, 0.85]
 
 
+STEPS = [
+    {"step": float(step), "train_loss": 3.4 - step / 40, "learning_rate": 0.002, "tokens_per_s": 5000.0}
+    for step in range(5, 65, 5)
+]
+
+
+def test_with_steps_csv_the_training_curves_have_a_point_per_log_interval():
+    chart = charts(html_report(steps=STEPS))
+    training, validation = chart["loss"]["series"]
+    assert [point["step"] for point in training["points"]] == [point["step"] for point in STEPS]
+    assert [point["value"] for point in training["points"]] == pytest.approx([p["train_loss"] * 4 / 9 for p in STEPS])
+    assert len(validation["points"]) == len(EVALUATIONS)  # validation stays at its passes
+    for name in ("learning_rate", "tokens_per_s"):
+        (series,) = chart[name]["series"]
+        assert len(series["points"]) == len(STEPS), name
+
+
+def test_the_charts_value_axes_start_at_zero():
+    for name, chart in charts(html_report(steps=STEPS)).items():
+        assert chart["y_ticks"][0]["label"] == "0", name
+        bottom = chart["plot"]["bottom"]
+        assert chart["y_ticks"][0]["at"] == bottom, name
+
+
 def test_the_html_reports_figures_are_the_reports():
     page = Page(report_html(html_report()))
     assert page.text["figure-val-nats-per-char"] == "0.9000"

@@ -80,7 +80,11 @@ def fresh_run(prepared, name: str, overrides: list[str]) -> tuple:
 
 
 def epoch_rows(run: str) -> list[dict]:
-    return list(csv.DictReader(lake.read_text(lake.join(run, run_folder.EPOCHS_CSV_PATH)).splitlines()))
+    return csv_rows(run, run_folder.EPOCHS_CSV_PATH)
+
+
+def csv_rows(run: str, path: str) -> list[dict]:
+    return list(csv.DictReader(lake.read_text(lake.join(run, path)).splitlines()))
 
 
 def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, monkeypatch, capfd):
@@ -247,6 +251,8 @@ def test_a_killed_worker_fails_the_attempt_and_the_retry_resumes_from_the_backup
     first, retry = (tags[tensorboard_log.TRAIN_LOSS] for _, tags in sorted(read_events(run).items()))
     assert max(first) >= stats["resumed_from_step"] and min(retry) == stats["resumed_from_step"] + 10
     assert set(first) | set(retry) == set(range(10, 601, 10))
+    # steps.csv, the report's training curve: every log interval once, the first attempt's up to the backup.
+    assert [int(row["step"]) for row in csv_rows(run, run_folder.STEPS_CSV_PATH)] == list(range(10, 601, 10))
     assert lake.exists(lake.join(run, run_folder.MODEL_FOLDER, run_folder.MODEL_FILE))
     assert not training_processes(run)
 
@@ -356,6 +362,8 @@ def test_a_worker_trains_from_an_s3_run_folder(prepared, monkeypatch, tmp_path):
         assert sorted(first[tensorboard_log.TRAIN_LOSS]) == [10]
         assert sorted(resumed[tensorboard_log.TRAIN_LOSS]) == [6, 7, 8, 9, 10]
         assert sorted(resumed[tensorboard_log.VAL_LOSS]) == [6, 8, 10]
+        # The training curve keeps the first training's points up to the backup, then the resumed one's.
+        assert [int(row["step"]) for row in csv_rows(s3_run, run_folder.STEPS_CSV_PATH)] == [6, 7, 8, 9, 10]
 
 
 def run_worker(run: str, config, tmp_path: Path) -> dict:
