@@ -3,7 +3,7 @@ stage's barrier stage (spark_jobs/train.run_workers) of three workers, submitted
 Spark standalone cluster of two one-core nodes, with the EMR train step's barrier-slots settings
 (include/emr.BARRIER_SLOTS_CHECK) or, with --spark-defaults, Spark's own (10 minutes).
 
-    .venv/bin/python benchmarks/barrier_placement.py [--spark-defaults]
+    .venv/bin/python -m benchmarks.barrier_placement [--spark-defaults]
 
 Prints the seconds from the stage's submission to its failure, as the driver measured them, and
 spark-submit's whole wall time (the JVM and the cluster's executors starting included).
@@ -19,11 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from include import emr  # noqa: E402
-from local_platform.rehearsal.cluster import SparkStandaloneCluster  # noqa: E402
-from tests.local_platform.barrier_jobs import submit_train_tasks  # noqa: E402
+from include import emr
+from local_platform.rehearsal.cluster import SparkStandaloneCluster
+from tests.local_platform.barrier_jobs import submit_train_tasks
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """`make run` timed task by task: the whole DAG with `airflow dags test`, as the run command runs it.
 
-    .venv/bin/python benchmarks/dag_run.py [--corpus C] [--set section.key=value ...]
+    .venv/bin/python -m benchmarks.dag_run [--corpus C] [--set section.key=value ...]
 
 Uses a fresh Airflow home in a temporary folder and a moto S3 server, like `make run`, then prints
 each task's wall time from Airflow's metadata database, the Airflow start-up before the first task,
@@ -20,12 +20,10 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from local_platform.airflow_runner import DAG_ID, dags_test, prepare, read_report  # noqa: E402
-from local_platform.moto_s3 import LocalS3  # noqa: E402
-from pipeline.config_files import load_config  # noqa: E402
-from pipeline.overrides import add_set_argument  # noqa: E402
+from local_platform.airflow_runner import DAG_ID, dags_test, prepare, read_report
+from local_platform.moto_s3 import LocalS3
+from pipeline.config_files import load_config
+from pipeline.overrides import add_set_argument
 
 GOAL_S = 300
 

@@ -22,30 +22,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-STARTED = time.perf_counter()
-import tensorflow as tf  # noqa: E402
-
-from pipeline import run_folder  # noqa: E402
-from pipeline.config_files import load_config  # noqa: E402
-from spark_jobs.generate import load_model  # noqa: E402
-from spark_jobs.model import sampler  # noqa: E402
-from spark_jobs.model.decoder import decoder_for  # noqa: E402
-from spark_jobs.text import bpe  # noqa: E402
-
-IMPORTED = time.perf_counter()
+# TensorFlow and the sampler are imported inside the functions: main() times their first import,
+# the start-up every `python -m spark_jobs.generate` pays before it loads a model.
 NANOGPT_CHARS_PER_S = 1 / 1.5e-3
-CHARS_PER_TOKEN = 2.9  # BPE tokens of tinyshakespeare with the default vocabulary (the issue's figure)
+CHARS_PER_TOKEN = 2.9  # characters per BPE token of tinyshakespeare with the default vocabulary
 
 
 def default_model_folder(folder: Path, config) -> Path:
     from tokenizers import ByteLevelBPETokenizer
+
+    from pipeline import run_folder
+    from spark_jobs.model.decoder import decoder_for
+    from spark_jobs.text import bpe
 
     text = Path(config.corpus[0].removeprefix("file://")).read_text(encoding="utf-8")[: 2**20]
     tokenizer = ByteLevelBPETokenizer()
@@ -59,6 +51,8 @@ def default_model_folder(folder: Path, config) -> Path:
 
 
 def run(model, prompt: list[int], samples: int, new_tokens: int, window_slide: int, settings) -> list[list[int]]:
+    from spark_jobs.model import sampler
+
     return sampler.decode(
         model,
         prompt,
@@ -89,6 +83,14 @@ def main() -> None:
     parser.add_argument("--samples", default="1,8", help="batch sizes, comma-separated")
     parser.add_argument("--window-slides", default="1,64", help="window slides past block_size, comma-separated")
     args = parser.parse_args()
+    import_started = time.perf_counter()
+    import tensorflow as tf
+
+    from pipeline.config_files import load_config
+    from spark_jobs.generate import load_model
+    from spark_jobs.model import sampler
+
+    import_s = time.perf_counter() - import_started
     config = load_config()
     settings = config.generate
     with tempfile.TemporaryDirectory(prefix="gpt-pipeline-bench-") as scratch:
@@ -109,7 +111,7 @@ def main() -> None:
         f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores, TensorFlow {tf.__version__}"
     )
     print(
-        f"start-up: import {IMPORTED - STARTED:.2f} s, load model and tokenizer {loaded - started:.2f} s, "
+        f"start-up: import {import_s:.2f} s, load model and tokenizer {loaded - started:.2f} s, "
         f"compile and first token {first - loaded:.2f} s: first token out {first - started:.2f} s after loading began"
     )
     print(
@@ -135,8 +137,12 @@ def main() -> None:
     profile(decoder, [int(count) for count in args.samples.split(",")])
 
 
-def profile(decoder: sampler.CachedDecoder, batch_sizes: list[int]) -> None:
-    """The compiled functions alone, with no sampling between calls."""
+def profile(decoder, batch_sizes: list[int]) -> None:
+    """The compiled functions alone (of a sampler.CachedDecoder), with no sampling between calls."""
+    import tensorflow as tf
+
+    from pipeline.config_files import load_config
+
     block, dim, layers = decoder.block_size, decoder.dim, len(decoder.blocks)
     mlp = int(decoder.blocks[0].mlp_in.kernel.shape[-1])
     # Multiply-adds of one token through the matmuls: qkv, attention_out, the MLP, the output projection.
@@ -167,8 +173,13 @@ def profile(decoder: sampler.CachedDecoder, batch_sizes: list[int]) -> None:
         )
 
 
-def window_arguments(decoder: sampler.CachedDecoder, logits, cache, steps: int) -> tuple:
+def window_arguments(decoder, logits, cache, steps: int) -> tuple:
     """compiled_run's arguments for `steps` top_k picks from position 1, no stop token."""
+    import tensorflow as tf
+
+    from pipeline.config_files import load_config
+    from spark_jobs.model import sampler
+
     batch = int(logits.shape[0])
     return (
         logits,

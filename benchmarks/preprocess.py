@@ -1,10 +1,10 @@
 """Preprocessing throughput: the four Spark stages on ~20 MB of text against bare HF `tokenizers`.
 
-    .venv/bin/python benchmarks/preprocess.py [--mb 20[,60]] [--files N] [--set section.key=value ...]
+    .venv/bin/python -m benchmarks.preprocess [--mb 20[,60]] [--files N] [--set section.key=value ...]
 
 Builds a corpus of tinyshakespeare repeated to --mb megabytes (one file, or --files files cut at
 line ends: a corpus of many small documents), runs tokenize, window,
-positional_embed and export through spark-submit on local[cores] (include/stage_runner.submit_stage),
+positional_embed and export through spark-submit on local[cores] (include/local_spark.submit_stage),
 and prints tokens/s per stage and end to end. Each stage's time is split into the body (the
 stage's own work, duration_s of stats/{stage}.json) and start-up plus shut-down (JVM, imports,
 SparkContext, stopping Spark: the rest of spark-submit's wall time). Then it encodes the same
@@ -26,16 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from include import class_archive  # noqa: E402
-from include.local_spark import submit_stage  # noqa: E402
-from include.spark_submit import package_code  # noqa: E402
+from include import class_archive
+from include.local_spark import submit_stage
+from include.spark_submit import package_code
 from pipeline import lake, run_folder
-from pipeline.config import SHARED_CORPUS  # noqa: E402
-from pipeline.config_files import load_config  # noqa: E402
-from pipeline.overrides import add_set_argument  # noqa: E402
-from pipeline.stages import PREPROCESSING_STAGES  # noqa: E402
+from pipeline.config import SHARED_CORPUS
+from pipeline.config_files import load_config
+from pipeline.overrides import add_set_argument
+from pipeline.stages import PREPROCESSING_STAGES
 from spark_jobs.text import bpe
 
 
@@ -184,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     sizes = sorted(float(size) for size in args.mb.split(","))
-    cores = os.cpu_count() or 2  # the local runner's local[N]; the tokenizer gets as many threads
+    cores = os.cpu_count() or 2  # local_spark's local[N]; the tokenizer gets as many threads
     load_before = os.getloadavg()[0]  # other work on the machine skews every figure
     unrecorded = [stage for stage in PREPROCESSING_STAGES if class_archive.stage_archive(stage) is None]
     if args.files < 1:

@@ -14,21 +14,18 @@ from __future__ import annotations
 import argparse
 import posixpath
 import shutil
-import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from include.local_spark import submit_stage
-from include.spark_submit import packaged_code  # noqa: E402
-from local_platform.stage_runner import run_pipeline  # noqa: E402
+from include.spark_submit import packaged_code
+from local_platform.stage_runner import run_pipeline
 from pipeline import lake, run_folder
-from pipeline.config import to_uri  # noqa: E402
-from pipeline.config_files import load_config  # noqa: E402
-from pipeline.overrides import add_set_argument  # noqa: E402
-from pipeline.stages import PREPROCESSING_STAGES  # noqa: E402
+from pipeline.config import to_uri
+from pipeline.config_files import load_config
+from pipeline.overrides import add_set_argument
+from pipeline.stages import PREPROCESSING_STAGES
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """What the local start-up and shut-down tricks save: the six stage applications of a run timed
 through spark-submit, with and without each.
 
-    .venv/bin/python benchmarks/spark_startup.py [--kb 60] [--repeats 3] [--variants all,...]
+    .venv/bin/python -m benchmarks.spark_startup [--kb 60] [--repeats 3] [--variants all,...]
 
 Builds a corpus of the first --kb kB of tinyshakespeare, and runs the six stages (tokenize, window,
 positional_embed, export, a short train, generate) in a fresh run folder per repetition, each with
@@ -33,21 +33,18 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import zipfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from include import class_archive  # noqa: E402
-from include.local_spark import local_argv, spark_env  # noqa: E402
-from include.spark_submit import LIBRARY_ZIP, package_code  # noqa: E402
+from include import class_archive
+from include.local_spark import local_argv, spark_env
+from include.spark_submit import LIBRARY_ZIP, package_code
 from pipeline import lake, run_folder
-from pipeline.config import SHARED_CORPUS  # noqa: E402
-from pipeline.config_files import load_config  # noqa: E402
-from pipeline.stages import STAGE_NAMES  # noqa: E402
+from pipeline.config import SHARED_CORPUS
+from pipeline.config_files import load_config
+from pipeline.stages import STAGE_NAMES
 
 SMALL = [
     "tokenizer.vocab_size=512",

@@ -1,6 +1,6 @@
 """Training memory: the estimate of spark_jobs/training/memory.py against the peak a real worker reaches.
 
-    .venv/bin/python benchmarks/train_memory.py [--corpus PATH] [--only N,...]
+    .venv/bin/python -m benchmarks.train_memory [--corpus PATH] [--only N,...]
 
 For each model shape below, runs tokenize, window, positional_embed, export and a 3-step train
 through spark-submit (include/local_spark) on the corpus (tinyshakespeare by default), reads the
@@ -19,13 +19,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from local_platform.stage_runner import run_pipeline  # noqa: E402
+from local_platform.stage_runner import run_pipeline
 from pipeline import lake, run_folder
-from pipeline.config import SHARED_CORPUS  # noqa: E402
-from pipeline.config_files import load_config  # noqa: E402
-from pipeline.stages import PREPROCESSING_STAGES  # noqa: E402
+from pipeline.config import SHARED_CORPUS
+from pipeline.config_files import load_config
+from pipeline.stages import PREPROCESSING_STAGES
 from spark_jobs.training import memory
 
 SHORT_TRAINING = [

@@ -2,7 +2,7 @@
 size, then a fresh Python 3.11 virtual environment and the offline `pip install --no-index
 --find-links` of the jobs' requirements into it, then `pip check`.
 
-    .venv/bin/python benchmarks/wheelhouse_install.py --wheelhouse DIR [--python python3.11] [--s3]
+    .venv/bin/python -m benchmarks.wheelhouse_install --wheelhouse DIR [--python python3.11] [--s3]
 
 DIR is a built wheelhouse (`python -m include.wheelhouse build --no-upload --dest DIR`). With --s3
 the wheels are also uploaded to a moto S3 server on loopback (include/wheelhouse.upload) and
@@ -21,9 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from include import emr, wheelhouse  # noqa: E402
+from include import emr, wheelhouse
 
 
 def timed(argv: list[str]) -> float:

@@ -42,7 +42,7 @@ class StageFailed(RuntimeError):
 
 def headline(stats: dict) -> dict:
     """The numbers and text at the top of a stage's stats, not the lists that grow with the corpus
-    (a window per document, a warning per file): what the local runner prints, and the DAG's
+    (a window per document, a warning per file): what the stage runner prints, and the DAG's
     task returns as its XCom, which Airflow keeps in its database."""
     return {key: value for key, value in stats.items() if isinstance(value, (int, float, str))}
 

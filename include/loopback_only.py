@@ -19,7 +19,7 @@ neither is allowed (a container's seccomp profile, user.max_net_namespaces = 0,
 kernel.unprivileged_userns_clone = 0), `unavailable_reason()` says why, and the caller decides.
 
 This file is run as a script by its own path and imports only the standard library, so that it
-works wherever the caller's Python does (an Airflow task, the local runner, the EMR rehearsal),
+works wherever the caller's Python does (an Airflow task, the stage runner, the EMR rehearsal),
 whatever is on the module path; it must start single-threaded (unshare of a user namespace
 requires it), which a fresh interpreter is.
 """

@@ -1,5 +1,5 @@
 """Run folders (pipeline.run_folder): create_run clearing the completion markers of the
-stages an existing run's changed settings make stale, stage markers, and the local runner's run folders."""
+stages an existing run's changed settings make stale, stage markers, and the stage runner's run folders."""
 
 from __future__ import annotations
 
