@@ -20,13 +20,14 @@ override CORPUS := $(value CORPUS)
 override SET := $(value SET)
 export CORPUS SET
 
-.PHONY: help run rehearse airflow tensorboard wheelhouse test venv browser lock clean
+.PHONY: help run rehearse airflow tensorboard wheelhouse test compose-test venv browser lock clean
 .DEFAULT_GOAL := help
 
 help:
 	@echo "make run      the whole pipeline (the Airflow DAG) on this machine; CORPUS='...' SET='section.key=value ...' VERBOSE=1"
 	@echo "make rehearse the DAG with target emr on this machine: moto's EMR and S3, a Spark standalone cluster (docs/rehearsal.md)"
 	@echo "make test     the test suite"
+	@echo "make compose-test docker-compose.yaml really run: images built here, one DAG run through the REST API (docs/docker.md); ARGS=--remove-images"
 	@echo "make airflow  Airflow with its UI on http://127.0.0.1:8080, to trigger and watch runs"
 	@echo "make tensorboard  TensorBoard on http://127.0.0.1:6006 for every run in lake/runs, or RUN=lake/runs/<run id>"
 	@echo "make wheelhouse the EMR nodes' Python wheels, built with pip download and uploaded to emr.code_prefix (docs/emr.md); ARGS='--no-upload ...'"
@@ -75,6 +76,12 @@ browser:
 
 test: venv browser
 	$(BIN)/python -m pytest $(ARGS)
+
+# The compose stack started on this machine (dockerd too, as root, when none runs), one small DAG
+# run triggered through Airflow's REST API and its record read from LocalStack; then the stack is
+# removed. The images stay as a build cache unless ARGS=--remove-images.
+compose-test: venv
+	$(BIN)/python -m local_platform.compose_stack $(ARGS)
 
 # Re-pin requirements.txt from requirements.in in a scratch environment.
 lock:
