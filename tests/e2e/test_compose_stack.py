@@ -1,7 +1,7 @@
 """`make compose-test` as a test: docker-compose.yaml really run on this machine, one small DAG run
 triggered through Airflow's REST API, its record read from LocalStack (local_platform/compose_stack.py).
 
-A cold run builds every image (about half an hour on 2 cores); later runs reuse them.
+A cold run builds every image (10 to 30 minutes on 2 cores); later runs reuse them (docs/benchmarks.md).
 """
 
 from __future__ import annotations
