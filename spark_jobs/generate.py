@@ -33,7 +33,7 @@ def load_model(model_folder: str):
     import keras
     from tokenizers import Tokenizer
 
-    import spark_jobs.model.decoder  # noqa: F401  registers the decoder's layers for loading
+    import spark_jobs.model.layers  # noqa: F401  registers the decoder's layers for loading
 
     model_uri = to_uri(str(model_folder))
     for name in (run_folder.MODEL_FILE, run_folder.MODEL_TOKENIZER_FILE):

@@ -22,7 +22,7 @@ from pipeline.overrides import apply_overrides
 from spark_jobs import generate as generate_module
 from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, sample_texts, samples
 from spark_jobs.model import sampler
-from spark_jobs.model.decoder import build_decoder
+from spark_jobs.model.decoder import build_decoder, cached_decoder
 from spark_jobs.text import bpe
 from spark_jobs.training import tensorboard_log
 from tests.spark_jobs.tensorboard_events import read_events
@@ -172,7 +172,7 @@ def test_the_cached_step_gives_the_full_passs_logits_at_every_position(deeper_mo
     ids = np.random.default_rng(0).integers(0, 300, (3, 8)).astype(np.int32)
     full = deeper_model(ids, training=False).numpy()  # [3, 8, 300]
     assert np.abs(full).max() > 1  # logits that differ
-    decoder = sampler.cached_decoder(deeper_model)
+    decoder = cached_decoder(deeper_model)
     for length in range(1, 9):  # prefill of the first `length` ids (the rest is padding)
         logits, _ = decoder.prefill(ids, np.int32(length))
         np.testing.assert_allclose(logits.numpy(), full[:, length - 1], rtol=0, atol=LOGITS_TOLERANCE)
