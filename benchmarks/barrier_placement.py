@@ -1,7 +1,7 @@
 """How long the train step takes to fail when its cluster cannot place one worker per node: the train
 stage's barrier stage (spark_jobs/train.run_workers) of three workers, submitted to the rehearsal's
 Spark standalone cluster of two one-core nodes, with the EMR train step's barrier-slots settings
-(include/emr.BARRIER_SLOTS_CHECK) or, with --spark-defaults, Spark's own (10 minutes).
+(include/emr_steps.BARRIER_SLOTS_CHECK) or, with --spark-defaults, Spark's own (10 minutes).
 
     .venv/bin/python benchmarks/barrier_placement.py [--spark-defaults]
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from include import emr  # noqa: E402
+from include import emr_steps  # noqa: E402
 from local_platform.rehearsal.cluster import SparkStandaloneCluster  # noqa: E402
 from tests.local_platform.barrier_jobs import submit_train_tasks  # noqa: E402
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spark-defaults", action="store_true", help="Spark's own check settings instead")
     args = parser.parse_args(argv)
-    conf = {} if args.spark_defaults else emr.BARRIER_SLOTS_CHECK
+    conf = {} if args.spark_defaults else emr_steps.BARRIER_SLOTS_CHECK
     with (
         tempfile.TemporaryDirectory() as folder,
         SparkStandaloneCluster(workers=2, memory_per_worker_mb=1024) as cluster,

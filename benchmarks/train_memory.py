@@ -25,7 +25,7 @@ from local_platform.stage_runner import run_pipeline  # noqa: E402
 from pipeline import lake, run_folder
 from pipeline.config import SHARED_CORPUS  # noqa: E402
 from pipeline.config_files import load_config  # noqa: E402
-from pipeline.stages import PREPROCESSING_STAGES  # noqa: E402
+from pipeline.stages import PREPROCESSING_STAGES, TRAINING_STAGE  # noqa: E402
 from spark_jobs.training import memory
 
 SHORT_TRAINING = [
@@ -56,7 +56,7 @@ SHAPES = {
         "model.mlp_ratio=16",
     ],
 }
-MEASURED_STAGES = (*PREPROCESSING_STAGES, "train")
+MEASURED_STAGES = (*PREPROCESSING_STAGES, TRAINING_STAGE)
 
 
 def measure(corpus: Path, overrides: list[str], scratch: Path) -> tuple[dict, float, int]:
