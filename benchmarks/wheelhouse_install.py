@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from include import emr, wheelhouse
+from include import emr_code, wheelhouse
 
 
 def timed(argv: list[str]) -> float:
@@ -37,7 +37,7 @@ def folder_mb(folder: Path) -> float:
 def install(wheels: Path, python: str, folder: Path) -> dict[str, float]:
     """The bootstrap's venv and pip commands, offline from `wheels`."""
     venv = folder / "venv"
-    requirements, constraints = emr.requirement_files()
+    requirements, constraints = emr_code.requirement_files()
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
     figures = {"venv_seconds": timed([python, "-m", "venv", str(venv)])}
     figures["install_seconds"] = timed(
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     if not wheels:
         print(f"ERROR --wheelhouse: no wheels in {args.wheelhouse}", file=sys.stderr)
         return 2
-    print(f"wheelhouse:        {args.wheelhouse} ({emr.requirements_hash()} is the current requirements hash)")
+    print(f"wheelhouse:        {args.wheelhouse} ({emr_code.requirements_hash()} is the current requirements hash)")
     print(f"size:              {len(wheels)} wheels, {folder_mb(args.wheelhouse):,.0f} MB")
     with tempfile.TemporaryDirectory(prefix="wheelhouse-benchmark-") as folder:
         if args.s3:

@@ -41,7 +41,7 @@ from airflow.sdk import (
 )
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from include import emr, emr_checks, emr_tasks, local_spark, locks, preflight, trigger_form
+from include import emr_checks, emr_cluster, emr_cost, emr_steps, emr_tasks, local_spark, locks, preflight, trigger_form
 from include.airflow_names import DAG_ID, model_asset_name
 from include.emr_tasks import EmrClusterReadySensor, EmrCreateClusterOperator, EmrStageSensor
 from include.promote import latest_folder, promote_record
@@ -139,7 +139,7 @@ def validate_config_for_emr() -> dict:
     s3 = S3Hook(aws_conn_id=config.emr.aws_conn_id)
     emr_checks.check_settings(config, s3)
     check_bucket(S3Hook(aws_conn_id=AWS_CONN_ID), config.s3.bucket, "s3.bucket")  # collect's, before a cluster
-    sizes = emr.corpus_objects(config, s3)
+    sizes = emr_checks.corpus_objects(config, s3)
     check_run(config, sizes)
     emr_checks.check_corpus_text(config, sizes, s3)
     return emr_tasks.prepare(config, run_id, CONFIG)
@@ -184,7 +184,7 @@ def collect(run_dir: str, cluster_id: str | None = None) -> dict:
     if cluster_id:
         config = RunFolder(run_dir, s3).config()
         client = EmrHook(aws_conn_id=config.emr.aws_conn_id, region_name=config.emr.region).conn
-        extra["emr"] = emr.cluster_record(client, cluster_id, config)
+        extra["emr"] = emr_cost.cluster_record(client, cluster_id, config)
     report = collect_record(run_dir, s3, STAGE_NAMES, extra)
     log.info(
         "record: %s  final val loss: %s  val nats/char: %s",
@@ -272,7 +272,7 @@ with DAG(
         cluster_id = create_cluster.output
         # Start-up and bootstrap, on their own allowance: the first step's time limit starts after them.
         wait_for_cluster = EmrClusterReadySensor(
-            task_id="wait_for_cluster", job_flow_id=cluster_id, **emr.startup_limits(CONFIG), **aws
+            task_id="wait_for_cluster", job_flow_id=cluster_id, **emr_cluster.startup_limits(CONFIG), **aws
         )
 
         # Body: one task per stage adds its EMR step and waits for it (a retry adds the step again);
@@ -284,8 +284,8 @@ with DAG(
                 step=prepared[f"{stage}_step"],
                 run_dir=run_dir,
                 job_flow_id=cluster_id,
-                retries=emr.STEP_RETRIES,
-                **emr.sensor_limits(stage, CONFIG),
+                retries=emr_steps.STEP_RETRIES,
+                **emr_steps.sensor_limits(stage, CONFIG),
                 **aws,
             )
             for stage in STAGE_NAMES

@@ -1,8 +1,9 @@
 """The checks of the AWS account's side of an EMR run, made by validate_config before any cluster
 exists: the run's buckets are this account's (not the one pipeline.yaml ships with), reachable
 through the connection and in the cluster's region (where the stages reach S3); the service role
-can start the cluster; the corpus is text, its first SNIFF_OBJECTS objects sniffed by their first
-SNIFF_BYTES with the tokenize stage's own check. Each raises PipelineError (ConfigError) naming
+can start the cluster; the corpus is on S3 (corpus_objects lists it as the tokenize stage matches
+it) and is text, its first SNIFF_OBJECTS objects sniffed by their first SNIFF_BYTES with the
+tokenize stage's own check. Each raises PipelineError (ConfigError) naming
 the setting to change.
 """
 
@@ -11,9 +12,11 @@ from __future__ import annotations
 import codecs
 import logging
 
-from include import emr
+from include.emr_code import split_s3_uri
 from include.record import check_bucket
+from pipeline import corpus_files
 from pipeline.config import ConfigError, PipelineConfig
+from pipeline.errors import PipelineError
 from spark_jobs.text import corpus
 
 log = logging.getLogger(__name__)
@@ -52,7 +55,7 @@ def bucket_settings(config: PipelineConfig) -> dict[str, list[str]]:
         for uri in values:
             if not uri.startswith("s3://"):
                 raise ConfigError(f"{name}: target emr reads and writes S3 only, and {uri!r} is not an s3:// URI")
-            names = found.setdefault(emr.split_s3_uri(uri)[0], [])
+            names = found.setdefault(split_s3_uri(uri)[0], [])
             if name not in names:
                 names.append(name)
     return found
@@ -98,6 +101,39 @@ def check_subnet(config: PipelineConfig) -> None:
         )
 
 
+def corpus_objects(config: PipelineConfig, s3_hook) -> dict[str, int]:
+    """Every corpus object on S3 with its size, matched as the tokenize stage matches them
+    (corpus_files.expand: an object, a folder's objects, or globs), or a PipelineError naming the pattern
+    that matched nothing: checked before a cluster is created."""
+    found = {}
+    for pattern in config.corpus:
+        folder, globs = corpus_files.split_glob(pattern)
+        # A name holding a glob's characters ('Hamlet [1603].txt') is taken as it is when it exists.
+        matched = matching_objects(s3_hook, pattern, []) if globs else {}
+        matched = matched or matching_objects(s3_hook, folder, globs)
+        if not matched:
+            raise PipelineError(f"corpus {pattern} matches no object on S3")
+        found |= matched
+    return dict(sorted(found.items()))
+
+
+def matching_objects(s3_hook, folder: str, globs: list[str]) -> dict[str, int]:
+    """{URI: size} of the object `folder` names, else of the objects below it that match `globs`
+    (all of them for none)."""
+    bucket, prefix = split_s3_uri(folder)
+    prefix = prefix.rstrip("/")
+    matched = {}
+    for item in s3_hook.iter_file_metadata(prefix, bucket_name=bucket):
+        key = item["Key"]
+        relative = key[len(prefix) + 1 :] if prefix else key
+        if key == prefix and not globs:
+            return {f"s3://{bucket}/{key}": item["Size"]}
+        below = not prefix or key.startswith(prefix + "/")
+        if below and not key.endswith("/") and corpus_files.matches(relative.split("/"), globs or ["**"]):
+            matched[f"s3://{bucket}/{key}"] = item["Size"]
+    return matched
+
+
 def check_corpus_text(config: PipelineConfig, sizes: dict[str, int], s3_hook) -> None:
     """Stop a corpus whose sniffed objects the tokenize stage would refuse, as it would
     (data.bad_files: fail stops at a bad one; skip leaves it out, and stops only if none is left)."""
@@ -129,7 +165,7 @@ def head_bytes(client, uri: str, size: int) -> bytes:
     """The first SNIFF_BYTES of an object (one ranged GET), without a character the cut splits."""
     if size == 0:
         return b""
-    bucket, key = emr.split_s3_uri(uri)
+    bucket, key = split_s3_uri(uri)
     data = client.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{SNIFF_BYTES - 1}")["Body"].read()
     return whole_characters(data) if len(data) < size else data
 

@@ -1,5 +1,6 @@
-"""The EMR target's Airflow pieces, built from include/emr.py; dags/gpt_pipeline.py composes them
-with the amazon provider's EmrTerminateJobFlowOperator:
+"""The EMR target's Airflow pieces, built from include/emr_cluster.py, emr_steps.py, emr_cost.py
+and emr_code.py; dags/gpt_pipeline.py composes them with the amazon provider's
+EmrTerminateJobFlowOperator:
 
     validate_config (prepare) -> create_cluster -> wait_for_cluster -> tokenize -> ... -> generate
                                                                       -> collect -> terminate_cluster
@@ -23,7 +24,7 @@ from airflow.providers.amazon.aws.operators.emr import EmrCreateJobFlowOperator
 from airflow.providers.amazon.aws.sensors.emr import EmrJobFlowSensor, EmrStepSensor
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout, TaskDeferred
 
-from include import emr, wheelhouse
+from include import emr_cluster, emr_code, emr_cost, emr_steps, wheelhouse
 from include.record import RunFolder, check_bucket
 from pipeline import run_folder
 from pipeline.config import PipelineConfig
@@ -38,27 +39,27 @@ READY_STATES = ("WAITING", "RUNNING")
 def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> dict:
     """Check the run fits the DAG's sensor limits, upload it, and return what the EMR tasks send:
     `run_dir`, `job_flow_overrides` and `{stage}_step` (run it as a task with multiple_outputs=True)."""
-    emr.check_sensor_limits(config, dag_config)
-    worker_mb = emr.train_executor_memory_mb(config)[1]
+    emr_steps.check_sensor_limits(config, dag_config)
+    worker_mb = emr_steps.train_executor_memory_mb(config)[1]
     where = f"on an {config.emr.core_instance_type} core node (emr.core_instance_type: its train executor's overhead)"
     need = memory.check_training_fits(config, worker_mb, where)
     log.info("training: %s, of the %s MB a worker has", memory.describe(need), f"{worker_mb:,}")
-    request = emr.job_flow_overrides(config, run_id)
-    steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in STAGE_NAMES}
-    hourly, hours = emr.check_budget(config, dag_config)
+    request = emr_cluster.job_flow_overrides(config, run_id)
+    steps = {f"{stage}_step": emr_steps.stage_step(stage, config, run_id) for stage in STAGE_NAMES}
+    hourly, hours = emr_cost.check_budget(config, dag_config)
     log.info(
         "cluster: about $%.2f per hour at %s; at most %.1f hours (about $%.0f) with these limits",
         hourly,
-        emr.price_basis(config),
+        emr_cost.price_basis(config),
         hours,
         hourly * hours,
     )
     s3 = S3Hook(aws_conn_id=config.emr.aws_conn_id)
     # Without it EMR would start the cluster and lose its logs.
-    check_bucket(s3, emr.split_s3_uri(config.emr.log_uri)[0], "emr.log_uri")
+    check_bucket(s3, emr_code.split_s3_uri(config.emr.log_uri)[0], "emr.log_uri")
     # The nodes install from it without PyPI; pip on this worker builds it when it is missing.
     wheelhouse.ensure(config, s3.get_conn())
-    emr.upload_run(config, run_id, s3.get_conn())
+    emr_code.upload_run(config, run_id, s3.get_conn())
     return {"run_dir": run_folder.run_dir(config, run_id), "job_flow_overrides": request, **steps}
 
 
@@ -227,7 +228,7 @@ class EmrStageSensor(EmrStepSensor):
 
     def check_time_limit(self) -> None:
         """A step that ran out of its own time limit fails without the retry, as a task out of time does."""
-        limit = emr.step_time_limit(self.step)
+        limit = emr_steps.step_time_limit(self.step)
         try:
             step = self.hook.conn.describe_step(ClusterId=self.job_flow_id, StepId=self.step_id)["Step"]
         except Exception as error:  # the step's failure is still reported and raised

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from include import class_archive, loopback_only
 from include.spark_submit import local_master, spark_submit_argv
+from pipeline import stages
 from pipeline.config import PipelineConfig
 from pipeline.errors import BAD_INPUT_EXIT, PipelineError
 
@@ -22,10 +23,6 @@ LOOPBACK = "127.0.0.1"
 # would be this machine's network address, and its UI every interface. EMR's steps keep Spark's
 # defaults: there the nodes talk to each other, inside the cluster's security groups.
 LOOPBACK_CONF = {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK}
-# The stages run in a private network namespace that holds only loopback: train, whose TensorFlow
-# workers' gRPC servers listen on every interface, unauthenticated. It reads and writes the local
-# run folder only; tokenize, which may read an s3:// corpus, stays on this machine's network.
-CONTAINED_STAGES = ("train",)
 EXPOSURE_SETTING = "local.allow_exposed_workers"
 
 
@@ -78,7 +75,7 @@ def local_argv(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path)
         config,
         code_uri=str(code_dir),
         run_dir=run_dir,
-        master=local_master(stage, config, os.cpu_count() or 2),
+        master=local_master(stages.by_name(stage), config, os.cpu_count() or 2),
         resources=LOOPBACK_CONF,
     )
     argv[0] = str(Path(sys.executable).parent / "spark-submit")
@@ -107,9 +104,10 @@ def exposure_warning(config: PipelineConfig) -> str | None:
 
 
 def launch_argv(stage: str, config: PipelineConfig, argv: list[str]) -> list[str]:
-    """`argv` as it runs here: contained in a private network namespace for the stages that need
-    it (see exposure_warning for where that is not possible)."""
-    if stage not in CONTAINED_STAGES:
+    """`argv` as it runs here: contained in a private network namespace that holds only loopback
+    for the stages the stage table marks `contained` (train, whose TensorFlow workers' gRPC servers
+    listen on every interface, unauthenticated); see exposure_warning for where that is not possible."""
+    if not stages.by_name(stage).contained:
         return argv
     warning = exposure_warning(config)
     if warning is None:

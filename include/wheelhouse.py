@@ -23,8 +23,8 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from include import emr
-from include.emr import split_s3_uri
+from include import emr_code
+from include.emr_code import split_s3_uri
 from pipeline import lake
 from pipeline.config import PipelineConfig
 from pipeline.errors import PipelineError
@@ -47,7 +47,7 @@ PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(GLIBC_MINOR, 4, -1
 
 def download_argv(dest: Path, find_links: Path | None = None) -> list[str]:
     """pip download for the nodes; `find_links` replaces the index (PyPI, or pip's configured one)."""
-    requirements, constraints = emr.requirement_files()
+    requirements, constraints = emr_code.requirement_files()
     argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(dest)]
     argv += ["-r", str(requirements), "-c", str(constraints), "--only-binary=:all:"]
     argv += ["--implementation", "cp", "--python-version", PYTHON_VERSION, "--abi", ABI]
@@ -107,7 +107,7 @@ def write_manifest(manifest: dict, uri: str, s3_client) -> None:
 def ensure(config: PipelineConfig, s3_client) -> str:
     """The run's wheelhouse on S3, built and uploaded first when it is not there (a changed
     requirements file, a new code_prefix). Returns its URI."""
-    uri = emr.wheelhouse_uri(config.emr.code_prefix)
+    uri = emr_code.wheelhouse_uri(config.emr.code_prefix)
     if is_complete(s3_client, uri):
         log.info("wheelhouse: %s", uri)
         return uri
@@ -117,8 +117,8 @@ def ensure(config: PipelineConfig, s3_client) -> str:
             wheels = build(Path(folder))
         except PipelineError as error:
             raise PipelineError(
-                f"{error}; the EMR nodes install from {uri}: build it with `{emr.WHEELHOUSE_BUILD_COMMAND}` where PyPI "
-                "(or pip's configured index) is reachable"
+                f"{error}; the EMR nodes install from {uri}: build it with `{emr_code.WHEELHOUSE_BUILD_COMMAND}` "
+                "where PyPI (or pip's configured index) is reachable"
             ) from None
         upload(wheels, uri, s3_client)
     log.info("wheelhouse: %s uploaded (%d wheels)", uri, len(wheels))
@@ -126,7 +126,7 @@ def ensure(config: PipelineConfig, s3_client) -> str:
 
 
 def default_dest() -> Path:
-    return Path.home() / ".cache" / "gpt-pipeline" / "wheelhouse" / emr.requirements_hash()
+    return Path.home() / ".cache" / "gpt-pipeline" / "wheelhouse" / emr_code.requirements_hash()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_upload:
             import boto3
 
-            uri = emr.wheelhouse_uri(args.code_prefix or load_config().emr.code_prefix)
+            uri = emr_code.wheelhouse_uri(args.code_prefix or load_config().emr.code_prefix)
             upload(wheels, uri, boto3.client("s3"))
             print(f"uploaded to {uri}")
     except PipelineError as error:

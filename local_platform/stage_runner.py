@@ -22,7 +22,7 @@ from pipeline.config import ConfigError, PipelineConfig, to_uri
 from pipeline.config_files import defaults_path, load_config, read_yaml, validate
 from pipeline.errors import PipelineError
 from pipeline.overrides import add_set_argument, apply_overrides
-from pipeline.stages import STAGE_NAMES, by_name
+from pipeline.stages import STAGE_NAMES, by_name, select
 
 
 def describe(stage: str, stats: dict) -> list[str]:
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             args.run_id and lake.exists(lake.join(run_folder.run_dir(config, args.run_id), run_folder.CONFIG_FILE))
         ):
             check_new_run_has_inputs(stages, args.run_id)
-        sizes = corpus_files.corpus_files(config) if "tokenize" in stages else None
+        sizes = corpus_files.corpus_files(config) if any(stage.reads_corpus for stage in select(stages)) else None
         if exposed := preflight.check_run(config, sizes, stages).exposure:
             print(f"WARNING {exposed}", file=sys.stderr)
         run_id = args.run_id or new_run_id(config, f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")

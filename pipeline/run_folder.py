@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
-from pipeline import lake, stages
+from pipeline import lake
 from pipeline.config import PipelineConfig
 from pipeline.errors import PipelineError
 
@@ -96,6 +96,8 @@ def safe_run_id(run_id: str) -> str:
 def create_run(config: PipelineConfig, run_id: str) -> str:
     """Make a run folder holding the resolved config, or update an existing one's: the stages
     whose outputs changed settings make stale are no longer complete, and its report goes. Returns its URI."""
+    from pipeline import stages  # here, not at the top: the stage table imports this module's paths
+
     folder = run_dir(config, run_id)
     config_uri = lake.join(folder, CONFIG_FILE)
     if lake.exists(config_uri):
@@ -145,6 +147,8 @@ def progress_path(stage: str) -> str:
 def clear_stage(run: str, stage: str) -> list[str]:
     """Mark a stage and the stages that read its outputs as not complete, and remove the run's
     report, which no longer describes it; returns the stages that were complete."""
+    from pipeline import stages  # here, not at the top: the stage table imports this module's paths
+
     cleared = [name for name in (stage, *stages.downstream(stage)) if lake.exists(stats_uri(run, name))]
     for name in cleared:
         lake.delete(stats_uri(run, name))
@@ -155,6 +159,14 @@ def clear_stage(run: str, stage: str) -> list[str]:
 
 def complete_stage(run: str, stage: str, stats: dict) -> None:
     lake.write_json(stats_uri(run, stage), stats)
+
+
+def require_inputs(run: str, stage: str) -> dict[str, dict]:
+    """The stats of every stage whose outputs `stage` reads, by name, or StageIncomplete naming
+    the first that has not completed."""
+    from pipeline import stages  # here, not at the top: the stage table imports this module's paths
+
+    return {name: require_stage(run, name) for name in stages.by_name(stage).inputs}
 
 
 def require_stage(run: str, stage: str) -> dict:

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline import log, run_folder, stages
+from pipeline import log, run_folder
 from pipeline.config import PipelineConfig
 from pipeline.errors import PipelineError
 from spark_jobs.spark.stage_app import run_stage
@@ -35,8 +35,7 @@ logger = logging.getLogger("spark_jobs.train")
 
 
 def train(spark, config: PipelineConfig, run: str) -> dict:
-    for stage in stages.by_name("train").inputs:
-        run_folder.require_stage(run, stage)
+    run_folder.require_inputs(run, "train")
     input_pipeline.read_manifest(run, config)  # bad input fails here, before any worker starts
     warnings = settings_warnings(config)
     for message in warnings:
@@ -117,7 +116,7 @@ def shared_hosts_error(addresses: list[str]) -> str | None:
     return (
         f"the training workers must run on distinct nodes, but {sharing} (hosts by worker: {', '.join(hosts)}): "
         "train.num_workers must not exceed the cluster's nodes (emr.core_instance_count), each of whose executors "
-        "must own the whole node (include/emr.py train_resources)"
+        "must own the whole node (include/emr_steps.py train_resources)"
     )
 
 

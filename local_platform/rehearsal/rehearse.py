@@ -25,7 +25,7 @@ import boto3
 import yaml
 from botocore.config import Config
 
-from include import emr, emr_checks, loopback_only, wheelhouse
+from include import emr_checks, emr_code, emr_cost, loopback_only, wheelhouse
 from local_platform import airflow_runner, console
 from local_platform.moto_s3 import REGION, LocalS3
 from local_platform.rehearsal.emr_runner import EmrRehearsalRunner, split_s3
@@ -62,7 +62,7 @@ def seed_wheelhouse(config: PipelineConfig, s3_client) -> None:
     and builds nothing (that would need PyPI, and the rehearsal has no network); the rehearsal
     checks the bootstrap, which would install it, without running it (docs/rehearsal.md)."""
     stand_in = {"rehearsal": "stand-in written by local_platform/rehearsal: no wheels, the bootstrap is not run"}
-    wheelhouse.write_manifest(stand_in, emr.wheelhouse_uri(config.emr.code_prefix), s3_client)
+    wheelhouse.write_manifest(stand_in, emr_code.wheelhouse_uri(config.emr.code_prefix), s3_client)
 
 
 class Rehearsal:
@@ -191,11 +191,11 @@ def print_cluster(rehearsal: Rehearsal) -> None:
                 for line in lines:
                     print(f"    | {line}")
         config = rehearsal.config
-        hourly = emr.hourly_cost_usd(config)
+        hourly = emr_cost.hourly_cost_usd(config)
         print(
             f"on AWS:           about ${hourly * hours:,.2f} for {hours * 60:,.1f} min at ${hourly:.2f}/hour "
             f"(1 {config.emr.master_instance_type} + {config.emr.core_instance_count} {config.emr.core_instance_type}; "
-            f"{emr.price_basis(config)}; "
+            f"{emr_cost.price_basis(config)}; "
             "EMR bills a minute at least, and this machine is slower than the cluster)"
         )
 

@@ -53,9 +53,9 @@ def spark_session(stage: str):
     from pyspark.sql import SparkSession
 
     # Settings come from spark-submit: include/spark_submit.stage_conf's on every target, plus on
-    # EMR the parallelism and the train executors' sizing of include/emr.py. The event log's folder
-    # is made here, in the driver, on every target (spark_jobs.spark.spark_metrics). It is not removed
-    # when the stage fails: Spark's shutdown still writes there.
+    # EMR the parallelism and the train executors' sizing of include/emr_steps.py. The event log's
+    # folder is made here, in the driver, on every target (spark_jobs.spark.spark_metrics). It is not
+    # removed when the stage fails: Spark's shutdown still writes there.
     builder = SparkSession.builder.appName(f"gpt-pipeline-{stage}")
     for key, value in spark_metrics.event_log_conf(tempfile.mkdtemp(prefix=f"spark-events-{stage}-")).items():
         builder = builder.config(key, value)

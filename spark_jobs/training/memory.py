@@ -32,7 +32,7 @@ DEFAULT_MLP_RATIO = 4
 SCORE_COPIES = 2
 LOGIT_COPIES = 2
 PARAMETER_COPIES = 6
-# Set on EMR's train executors (include/emr.train_resources): the memory their worker has.
+# Set on EMR's train executors (include/emr_steps.train_resources): the memory their worker has.
 WORKER_BUDGET_ENV = "GPT_PIPELINE_WORKER_MEMORY_MB"
 # Left on a local machine for Spark's driver, Airflow, the S3 server and the system.
 LOCAL_RESERVED_MB = 2048

@@ -28,7 +28,7 @@ from moto.emr.models import emr_backends
 from moto.emr.responses import ElasticMapReduceResponse
 from moto.server import ThreadedMotoServer
 
-from include import emr, emr_tasks, wheelhouse
+from include import emr_cluster, emr_code, emr_steps, emr_tasks, wheelhouse
 from include.spark_submit import package_code
 from pipeline import lake, run_folder
 from pipeline.config import REPO_ROOT
@@ -116,7 +116,7 @@ def aws(moto_endpoint, monkeypatch, emr_defaults):
     # The nodes' wheelhouse, as if built, so validate_config downloads nothing; moto's EMR runs no
     # bootstrap to install it (tests/include/test_wheelhouse.py tests building and installing one).
     code_prefix = load_config(emr_defaults).emr.code_prefix
-    wheelhouse.write_manifest({"test": "stand-in, no wheels"}, emr.wheelhouse_uri(code_prefix), s3)
+    wheelhouse.write_manifest({"test": "stand-in, no wheels"}, emr_code.wheelhouse_uri(code_prefix), s3)
     return {"s3": s3, "emr": boto3.client("emr", region_name=REGION, endpoint_url=moto_endpoint)}
 
 
@@ -254,7 +254,7 @@ class Cluster(threading.Thread):
             if stage_name == "generate":
                 outputs[lake.join(run_dir, run_folder.SAMPLES_PATH)] = b"The man starts with a song"
             for uri, body in outputs.items():
-                bucket, key = emr.split_s3_uri(uri)
+                bucket, key = emr_code.split_s3_uri(uri)
                 self.s3.put_object(Bucket=bucket, Key=key, Body=body)
             step.state = "COMPLETED"
         step.end_date_time = datetime.now(timezone.utc)
@@ -264,7 +264,7 @@ class Cluster(threading.Thread):
         """A train step that runs for a few pokes, its progress in the run folder as the stage keeps it."""
         if self.train_started is None:
             self.train_started = time.monotonic()
-            bucket, key = emr.split_s3_uri(lake.join(run_dir, run_folder.progress_path("train")))
+            bucket, key = emr_code.split_s3_uri(lake.join(run_dir, run_folder.progress_path("train")))
             self.s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(TRAIN_PROGRESS).encode())
         return time.monotonic() - self.train_started < 8  # a few pokes (1 s apart), with room for a busy machine
 
@@ -325,7 +325,7 @@ def only_cluster(aws) -> dict:
 
 
 def s3_bytes(aws, uri: str) -> bytes:
-    bucket, key = emr.split_s3_uri(uri)
+    bucket, key = emr_code.split_s3_uri(uri)
     return aws["s3"].get_object(Bucket=bucket, Key=key)["Body"].read()
 
 
@@ -346,7 +346,7 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
 
     # The cluster: exactly the template filled from the config, and terminated at the end.
     (request,) = run_job_flow_requests
-    assert request == emr.job_flow_overrides(config, run_id)
+    assert request == emr_cluster.job_flow_overrides(config, run_id)
     assert request["AutoTerminationPolicy"] == {"IdleTimeout": config.emr.idle_timeout_minutes * 60}
     cluster = only_cluster(aws)
     assert cluster["ReleaseLabel"] == config.emr.release_label
@@ -359,26 +359,26 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
         ("MASTER", config.emr.master_instance_type, 1, "ON_DEMAND"),
     ]
     (action,) = aws["emr"].list_bootstrap_actions(ClusterId=cluster["Id"])["BootstrapActions"]
-    assert s3_bytes(aws, action["ScriptPath"]) == emr.RUN_FILES["bootstrap.sh"].read_bytes()
+    assert s3_bytes(aws, action["ScriptPath"]) == emr_code.RUN_FILES["bootstrap.sh"].read_bytes()
 
     # The steps: one per stage, in order, each the shared spark-submit command.
     assert finished == list(STAGE_NAMES)
     steps = aws["emr"].list_steps(ClusterId=cluster["Id"])["Steps"]
     assert sorted(step["Name"] for step in steps) == sorted(STAGE_NAMES)
     for step in steps:
-        expected = emr.stage_step(step["Name"], config, run_id)
+        expected = emr_steps.stage_step(step["Name"], config, run_id)
         assert step["Config"]["Args"] == expected["HadoopJarStep"]["Args"]
         assert step["Config"]["Jar"] == "command-runner.jar" and step["ActionOnFailure"] == "CONTINUE"
         assert step["Status"]["State"] == "COMPLETED"
 
     # The code, the bootstrap's requirements and the resolved config are in S3.
-    code = emr.code_uri(config, run_id)
+    code = emr_code.code_uri(config, run_id)
     package_code(tmp_path)
     for file in tmp_path.rglob("*.py"):
         assert s3_bytes(aws, lake.join(code, file.relative_to(tmp_path).as_posix())) == file.read_bytes()
     local_zip = zip_members((tmp_path / "spark_jobs.zip").read_bytes())
     assert zip_members(s3_bytes(aws, lake.join(code, "spark_jobs.zip"))) == local_zip
-    for name, path in emr.RUN_FILES.items():
+    for name, path in emr_code.RUN_FILES.items():
         assert s3_bytes(aws, lake.join(code, name)) == path.read_bytes()
     run_dir = run_folder.run_dir(config, run_id)
     assert json.loads(s3_bytes(aws, lake.join(run_dir, run_folder.CONFIG_FILE))) == json.loads(config.to_json())
@@ -544,7 +544,7 @@ def test_a_step_out_of_time_fails_its_task_without_a_retry(airflow_db, aws, capf
 def test_a_step_its_own_time_limit_ended_fails_its_task_without_a_retry(airflow_db, aws, capfd):
     """Each step runs under `timeout`, so the cluster's cost stays bounded without Airflow."""
     dag_run, states, finished = run_dag(aws, timed_out={"window"})
-    limit = emr.step_limit_seconds("window", load_config(overrides=OVERRIDES))
+    limit = emr_steps.step_limit_seconds("window", load_config(overrides=OVERRIDES))
     assert "window: step s-" in (logged := "".join(capfd.readouterr()))
     assert f"ran out of its time limit ({limit:,} s)" in logged
 
@@ -623,7 +623,7 @@ def test_a_create_that_fails_after_emr_made_the_cluster_terminates_it(airflow_db
 
 
 def create_operator(aws, **kwargs) -> emr_tasks.EmrCreateClusterOperator:
-    request = emr.job_flow_overrides(load_config(overrides=OVERRIDES), "run-1")
+    request = emr_cluster.job_flow_overrides(load_config(overrides=OVERRIDES), "run-1")
     return emr_tasks.EmrCreateClusterOperator(
         task_id="create_cluster", job_flow_overrides=request, emr_conn_id=None, region_name=REGION, **kwargs
     )
@@ -748,15 +748,15 @@ def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     config = load_config(overrides=OVERRIDES)
     for stage_name in STAGE_NAMES:
-        sensor, limits = dag.get_task(stage_name), emr.sensor_limits(stage_name, config)
+        sensor, limits = dag.get_task(stage_name), emr_steps.sensor_limits(stage_name, config)
         assert (float(sensor.timeout), sensor.poke_interval) == (limits["timeout"], limits["poke_interval"])
         assert sensor.region_name == config.emr.region and sensor.aws_conn_id == config.emr.aws_conn_id
         assert sensor.deferrable is False  # its checks of a failed step run in poke
-        assert sensor.retries == emr.STEP_RETRIES == 1
+        assert sensor.retries == emr_steps.STEP_RETRIES == 1
     assert dag.get_task("train").timeout > dag.get_task("window").timeout
     assert dag.get_task("create_cluster").retries == 0
     wait = dag.get_task("wait_for_cluster")
-    startup = emr.startup_limits(config)
+    startup = emr_cluster.startup_limits(config)
     assert (float(wait.timeout), wait.poke_interval, wait.mode) == (startup["timeout"], 1, "reschedule")
     assert (
         "create_cluster" in wait.upstream_task_ids and "wait_for_cluster" in dag.get_task("tokenize").upstream_task_ids

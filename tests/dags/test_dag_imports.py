@@ -94,7 +94,7 @@ def test_the_emr_dag_parses_and_builds_its_cluster_and_steps_without_spark_or_te
         dagbag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
         assert dagbag.import_errors == {}, dagbag.import_errors
 
-        from include import emr
+        from include import emr_cluster, emr_cost, emr_steps
         from pipeline.stages import STAGE_NAMES
 
         dag = dagbag.dags["gpt_pipeline"]
@@ -105,15 +105,15 @@ def test_the_emr_dag_parses_and_builds_its_cluster_and_steps_without_spark_or_te
         # What validate_config works out before any cluster exists.
         config = load_config(defaults_path())
         assert config.target == "emr"
-        request = emr.job_flow_overrides(config, "run-1")
+        request = emr_cluster.job_flow_overrides(config, "run-1")
         assert request["Instances"]["InstanceGroups"], request
         for stage in STAGE_NAMES:
-            step = emr.stage_step(stage, config, "run-1")
+            step = emr_steps.stage_step(stage, config, "run-1")
             assert step["HadoopJarStep"]["Args"], step
-            assert emr.sensor_limits(stage, config)["timeout"] > 0
-        assert emr.startup_limits(config)["timeout"] > 0
-        emr.check_sensor_limits(config, config)
-        hourly, hours = emr.check_budget(config, config)
+            assert emr_steps.sensor_limits(stage, config)["timeout"] > 0
+        assert emr_cluster.startup_limits(config)["timeout"] > 0
+        emr_steps.check_sensor_limits(config, config)
+        hourly, hours = emr_cost.check_budget(config, config)
         assert hourly > 0 and hours > 0
         """,
     )

@@ -20,7 +20,7 @@ import numpy as np
 import psutil
 import pytest
 
-from include import emr, wheelhouse
+from include import emr_code, emr_steps, wheelhouse
 from local_platform import airflow_runner
 from local_platform.rehearsal.emr_runner import split_s3
 from local_platform.rehearsal.rehearse import Rehearsal
@@ -122,7 +122,7 @@ def rehearsed(tmp_path_factory, shakespeare):
             "run": objects(rehearsal, run) if run else {},
             "run_prefix": split_s3(run)[1].rstrip("/") if run else "",
             "killed": killer.killed,
-            "wheelhouse": objects(rehearsal, emr.wheelhouse_uri(rehearsal.config.emr.code_prefix)),
+            "wheelhouse": objects(rehearsal, emr_code.wheelhouse_uri(rehearsal.config.emr.code_prefix)),
             "console": shown.getvalue(),
             "log": rehearsal.log,
             "logs": {
@@ -162,7 +162,7 @@ def test_the_steps_ran_the_dags_arguments_against_the_rehearsal_master(rehearsed
     for step in rehearsed["steps"]:
         assert (
             step["Config"]["Args"]
-            == emr.stage_step(step["Name"].split(" (try ")[0], config, run_id)["HadoopJarStep"]["Args"]
+            == emr_steps.stage_step(step["Name"].split(" (try ")[0], config, run_id)["HadoopJarStep"]["Args"]
         )
         assert "rehearsal: --master yarn -> spark://127.0.0.1:" in rehearsed["logs"][step["Name"]]
 

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from include import emr, local_spark, loopback_only, preflight
+from include import emr_steps, local_spark, loopback_only, preflight
 from local_platform import airflow_runner, stage_runner
 from local_platform.moto_s3 import LocalS3
 from pipeline.config_files import load_config
@@ -33,7 +33,7 @@ def test_local_spark_applications_bind_loopback_and_emr_steps_keep_sparks_defaul
     for stage in STAGE_NAMES:
         conf = conf_of(local_spark.local_argv(stage, config, "file:///run", tmp_path))
         assert conf["spark.driver.host"] == conf["spark.driver.bindAddress"] == "127.0.0.1", stage
-        step = conf_of(emr.stage_step(stage, emr_config, "run-1")["HadoopJarStep"]["Args"])
+        step = conf_of(emr_steps.stage_step(stage, emr_config, "run-1")["HadoopJarStep"]["Args"])
         assert not {"spark.driver.host", "spark.driver.bindAddress"} & set(step), stage
     # Spark binds its UI to SPARK_LOCAL_IP, or else to every interface.
     assert local_spark.spark_env()["SPARK_LOCAL_IP"] == "127.0.0.1"
@@ -131,7 +131,7 @@ def test_without_namespaces_training_stops_before_it_starts_naming_the_reason_an
 def test_without_namespaces_the_local_runner_stops_before_any_stage(no_namespaces, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(stage_runner, "run_pipeline", lambda *args: pytest.fail("a stage ran"))
     monkeypatch.setattr(preflight.memory, "check_local_training", lambda config: {})
-    monkeypatch.setattr(preflight.storage, "check_lake_room", lambda config, sizes: None)
+    monkeypatch.setattr(preflight.disk_room, "check_lake_room", lambda config, sizes: None)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("To be, or not to be, that is the question.\n" * 2000, encoding="utf-8")
     assert stage_runner.main(["--corpus", str(corpus), "--set", f"lake={tmp_path / 'lake'}"]) == 2

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from include import emr, emr_tasks, wheelhouse
+from include import emr_cluster, emr_code, emr_tasks, wheelhouse
 from local_platform.moto_s3 import LocalS3
 from pipeline import run_folder
 from pipeline.config_files import load_config
@@ -80,8 +80,8 @@ def tiny_requirements(tmp_path, monkeypatch) -> tuple[Path, Path]:
     requirements, constraints = tmp_path / "requirements-jobs.txt", tmp_path / "constraints.txt"
     requirements.write_text("tinya==1.0\n")
     constraints.write_text("tinya==1.0\ntinyb==1.0\n")
-    monkeypatch.setitem(emr.RUN_FILES, "requirements-jobs.txt", requirements)
-    monkeypatch.setitem(emr.RUN_FILES, "constraints.txt", constraints)
+    monkeypatch.setitem(emr_code.RUN_FILES, "requirements-jobs.txt", requirements)
+    monkeypatch.setitem(emr_code.RUN_FILES, "constraints.txt", constraints)
     return requirements, constraints
 
 
@@ -100,20 +100,20 @@ def emr_config(*overrides: str):
 
 def test_the_hash_changes_when_either_requirements_file_changes(tiny_requirements):
     requirements, constraints = tiny_requirements
-    first = emr.requirements_hash()
-    assert emr.requirements_hash() == first
+    first = emr_code.requirements_hash()
+    assert emr_code.requirements_hash() == first
     requirements.write_text("tinya==1.0\ntinyb==1.0\n")
-    second = emr.requirements_hash()
+    second = emr_code.requirements_hash()
     constraints.write_text("tinya==1.0\ntinyb==1.1\n")
-    third = emr.requirements_hash()
+    third = emr_code.requirements_hash()
     assert len({first, second, third}) == 3
-    assert emr.wheelhouse_uri("s3://b/code/") == f"s3://b/code/wheelhouse/{third}"
+    assert emr_code.wheelhouse_uri("s3://b/code/") == f"s3://b/code/wheelhouse/{third}"
 
 
 def test_the_cluster_installs_from_the_wheelhouse_of_its_requirements():
     config = emr_config()
-    args = emr.job_flow_overrides(config, RUN_ID)["BootstrapActions"][0]["ScriptBootstrapAction"]["Args"]
-    assert args[2] == f"s3://{CODE_BUCKET}/code/wheelhouse/{emr.requirements_hash()}"
+    args = emr_cluster.job_flow_overrides(config, RUN_ID)["BootstrapActions"][0]["ScriptBootstrapAction"]["Args"]
+    assert args[2] == f"s3://{CODE_BUCKET}/code/wheelhouse/{emr_code.requirements_hash()}"
     assert args[1].startswith("/mnt/"), "the environment is on the node's data volume"
 
 
@@ -205,7 +205,7 @@ def test_prepare_builds_a_missing_wheelhouse_before_the_run_and_reuses_it(
 ):
     pip_index(monkeypatch, wheels)
     config = emr_config()
-    uri = emr.wheelhouse_uri(config.emr.code_prefix)
+    uri = emr_code.wheelhouse_uri(config.emr.code_prefix)
     assert not wheelhouse.is_complete(s3.client(), uri)
     sent = emr_tasks.prepare(config, RUN_ID, config)
     assert sent["job_flow_overrides"]["BootstrapActions"][0]["ScriptBootstrapAction"]["Args"][2] == uri
@@ -226,7 +226,7 @@ def test_prepare_refuses_the_run_when_the_wheelhouse_cannot_be_built(s3, hook, w
         emr_tasks.prepare(config, "refused-run", config)
     # Nothing of the run was uploaded, and its cluster is never requested: prepare failed.
     assert not objects(s3, CODE_BUCKET, "code/refused-run/")
-    assert not wheelhouse.is_complete(s3.client(), emr.wheelhouse_uri(config.emr.code_prefix))
+    assert not wheelhouse.is_complete(s3.client(), emr_code.wheelhouse_uri(config.emr.code_prefix))
     assert not objects(s3, LAKE_BUCKET, run_folder.run_dir(config, "refused-run").removeprefix(f"s3://{LAKE_BUCKET}/"))
 
 
@@ -244,7 +244,7 @@ def node(tmp_path, wheels, tiny_requirements) -> dict:
     fake_s3 = tmp_path / "s3"
     code, house = fake_s3 / "bucket" / "code" / "run-1", fake_s3 / "bucket" / "code" / "wheelhouse" / "abc"
     code.mkdir(parents=True)
-    for name, path in emr.RUN_FILES.items():
+    for name, path in emr_code.RUN_FILES.items():
         shutil.copy(path, code / name)
     shutil.copytree(wheels, house)
     (house / wheelhouse.MANIFEST).write_text("{}")
@@ -260,7 +260,7 @@ def node(tmp_path, wheels, tiny_requirements) -> dict:
 def bootstrap(node: dict) -> subprocess.CompletedProcess:
     args = ["s3://bucket/code/run-1", str(node["venv"]), "s3://bucket/code/wheelhouse/abc"]
     return subprocess.run(
-        ["bash", str(emr.RUN_FILES["bootstrap.sh"]), *args], env=node["env"], capture_output=True, text=True
+        ["bash", str(emr_code.RUN_FILES["bootstrap.sh"]), *args], env=node["env"], capture_output=True, text=True
     )
 
 

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from include import emr
+from include import emr_steps
 from local_platform.rehearsal.cluster import SPARK_HOME, SparkStandaloneCluster
 from tests.local_platform.barrier_jobs import submit_train_tasks
 
@@ -66,11 +66,11 @@ def test_training_workers_the_cluster_cannot_place_fail_the_stage_with_the_emr_s
     """Three workers on two one-core nodes. With the train step's settings Spark checks 12 times, 5 s
     apart, where its defaults wait 10 minutes (benchmarks/barrier_placement.py times it)."""
     with SparkStandaloneCluster(workers=2, memory_per_worker_mb=1024) as cluster:
-        done = submit_train_tasks(cluster, tmp_path, 3, emr.BARRIER_SLOTS_CHECK)
+        done = submit_train_tasks(cluster, tmp_path, 3, emr_steps.BARRIER_SLOTS_CHECK)
     assert "STAGE FAILED after" in done.stdout and "BarrierJobSlotsNumberCheckFailed" in done.stdout, done.stderr[
         -3000:
     ]
-    checks = emr.BARRIER_SLOTS_CHECK["spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures"]
+    checks = emr_steps.BARRIER_SLOTS_CHECK["spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures"]
     # Spark's warning at each check, counting down to the last (the executors may register after the first).
     retries = re.findall(
         r"requires 3 slots, but only \d are available\. Will retry up to (\d+) more times", done.stderr

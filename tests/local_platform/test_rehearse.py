@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from include import emr, emr_checks, loopback_only
+from include import emr_checks, emr_cost, emr_steps, loopback_only
 from local_platform.rehearsal import rehearse
 from local_platform.rehearsal.rehearse import Rehearsal, main
 from pipeline import disk_room
@@ -34,9 +34,9 @@ def test_the_rehearsal_runs_the_emr_target_with_its_corpus_lake_code_and_logs_on
 
 def test_the_emr_targets_checks_accept_the_rehearsals_config(rehearsal):
     config = rehearsal.config
-    emr.check_sensor_limits(config, rehearsal.dag_config)
-    emr.check_budget(config, rehearsal.dag_config)
-    memory.check_training_fits(config, emr.train_executor_memory_mb(config)[1], "a core node")
+    emr_steps.check_sensor_limits(config, rehearsal.dag_config)
+    emr_cost.check_budget(config, rehearsal.dag_config)
+    memory.check_training_fits(config, emr_steps.train_executor_memory_mb(config)[1], "a core node")
     disk_room.check_core_node_room(config, {config.corpus[0]: 60_000})
     emr_checks.check_own_buckets(emr_checks.bucket_settings(config))
     emr_checks.check_subnet(config)

@@ -358,3 +358,15 @@ def test_the_run_folder_contract_names_the_documented_paths():
         ("report.json", "report.md", "report.html"),
         "tensorboard",
     )
+
+
+def test_a_stage_requires_every_stage_it_reads_to_have_completed(tmp_path):
+    run = new_run(small_config(tmp_path, tmp_path / "c.txt"))
+    complete(run, "tokenize", "positional_embed")
+    with pytest.raises(run_folder.StageIncomplete, match="stage 'export' has not completed in run folder .*: run it"):
+        run_folder.require_inputs(run, "train")
+    complete(run, "export")
+    assert run_folder.require_inputs(run, "train") == {
+        name: {"stage": name} for name in ("tokenize", "positional_embed", "export")
+    }
+    assert run_folder.require_inputs(run, "tokenize") == {}

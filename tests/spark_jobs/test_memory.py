@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from include import emr, emr_tasks
+from include import emr_steps, emr_tasks
 from local_platform import airflow_runner
 from pipeline.config import ConfigError
 from pipeline.config_files import load_config
@@ -107,5 +107,5 @@ def test_emr_refuses_a_model_too_big_for_its_core_nodes_before_any_upload():
     with pytest.raises(ConfigError, match="more than the 16,896 MB a worker has on an m5.2xlarge core node"):
         emr_tasks.prepare(big, "run-1", big)  # raises before it talks to S3
     larger_nodes = load_config(overrides=[EMR, "data.block_size=4096", "emr.core_instance_type=m5.4xlarge"])
-    need = memory.check_training_fits(larger_nodes, emr.train_executor_memory_mb(larger_nodes)[1], "")
-    assert need["total"] < emr.train_executor_memory_mb(larger_nodes)[1]
+    need = memory.check_training_fits(larger_nodes, emr_steps.train_executor_memory_mb(larger_nodes)[1], "")
+    assert need["total"] < emr_steps.train_executor_memory_mb(larger_nodes)[1]

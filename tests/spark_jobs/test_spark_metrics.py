@@ -19,6 +19,7 @@ from include.spark_submit import stage_conf
 from local_platform.rehearsal.cluster import SparkStandaloneCluster
 from pipeline import lake, run_folder
 from pipeline.config import REPO_ROOT
+from pipeline.stages import Stage
 from spark_jobs.spark import spark_metrics
 from tests.conftest import SHARED_CORPUS, new_run, small_config
 from tests.listening import free_port, listening_sockets
@@ -82,7 +83,8 @@ def test_a_stage_without_a_finished_event_log_gets_none_and_a_warning(tmp_path, 
 def submit(folder: Path, master: str) -> dict:
     """metrics_stage run with spark-submit, bound to loopback as the local stages are."""
     run = new_run(small_config(folder, SHARED_CORPUS), "metrics")
-    settings = stage_conf(metrics_stage.STAGE) | LOOPBACK_CONF
+    stage = Stage(metrics_stage.STAGE, Path(metrics_stage.__file__).name, inputs=(), settings=())  # no barrier
+    settings = stage_conf(stage) | LOOPBACK_CONF
     conf = [option for key, value in settings.items() for option in ("--conf", f"{key}={value}")]
     argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", master, *conf]
     env = spark_env() | {"PYTHONPATH": str(REPO_ROOT)}

@@ -1,0 +1,96 @@
+"""The EMR cluster of a run: the RunJobFlow request, which is the template
+include/config/emr_cluster.yaml filled in from the config; the template's instance table (each
+type's vCPUs, YARN memory and prices), which sizes the executors (include/emr_steps.py) and prices
+the cluster (include/emr_cost.py); and the allowance for the cluster to start and bootstrap.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from include.emr_code import code_uri, wheelhouse_uri
+from pipeline import run_folder
+from pipeline.config import REPO_ROOT, ConfigError, PipelineConfig
+
+TEMPLATE_PATH = REPO_ROOT / "include" / "config" / "emr_cluster.yaml"
+PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")
+
+
+def read_template() -> dict:
+    return yaml.safe_load(TEMPLATE_PATH.read_text())
+
+
+def instance_type(config: PipelineConfig, field: str, template: dict | None = None) -> dict:
+    """vCPUs, YARN memory and prices of emr.{field}, from the template's instance table."""
+    name = getattr(config.emr, field)
+    template = template or read_template()
+    table = template["instance_types"]
+    if name not in table:
+        needed = (
+            "to size the executors and price the cluster" if field == "core_instance_type" else "to price the cluster"
+        )
+        prices = template["prices"]
+        raise ConfigError(
+            f"emr.{field}: {name!r} is not in the instance_types table of {TEMPLATE_PATH.relative_to(REPO_ROOT)} "
+            f"(known: {', '.join(table)}), which is needed {needed}: add it there with its vcpus, yarn_memory_mb "
+            f"(EMR's yarn.nodemanager.resource.memory-mb for the type), ec2_usd_per_hour and emr_usd_per_hour "
+            f"(on demand in {prices['region']}, as the table's prices.region and prices.as_of say)"
+        )
+    return table[name]
+
+
+def fill(node: Any, values: dict[str, Any]) -> Any:
+    """Replace ${name} placeholders in every string of a YAML tree. A key whose value comes out
+    null (an optional setting left unset) is left out: RunJobFlow takes no nulls."""
+    if isinstance(node, dict):
+        filled = {key: fill(value, values) for key, value in node.items()}
+        return {key: value for key, value in filled.items() if value is not None}
+    if isinstance(node, list):
+        return [fill(item, values) for item in node]
+    if not isinstance(node, str):
+        return node
+    for name in PLACEHOLDER.findall(node):
+        if name not in values:
+            raise ConfigError(f"{TEMPLATE_PATH.name}: unknown placeholder ${{{name}}}")
+    whole = PLACEHOLDER.fullmatch(node)
+    if whole:
+        return values[whole.group(1)]
+    return PLACEHOLDER.sub(lambda match: str(values[match.group(1)]), node)
+
+
+def job_flow_overrides(config: PipelineConfig, run_id: str) -> dict:
+    """The RunJobFlow request for one run: the template filled in from the config."""
+    template = read_template()
+    instance_type(config, "master_instance_type", template)
+    instance_type(config, "core_instance_type", template)
+    tags = {**config.emr.tags, "run_id": run_folder.safe_run_id(run_id)}
+    values = {f"emr.{key}": value for key, value in config.emr.model_dump().items()}
+    values |= {
+        "run_id": run_folder.safe_run_id(run_id),
+        "code_uri": code_uri(config, run_id),
+        "venv": template["venv"],
+        "wheelhouse_uri": wheelhouse_uri(config.emr.code_prefix),
+        "core_market": "SPOT" if config.emr.core_spot else "ON_DEMAND",
+        "core_ebs": core_ebs(config),
+        "idle_timeout_seconds": config.emr.idle_timeout_minutes * 60,
+        "tags": [{"Key": key, "Value": value} for key, value in tags.items()],
+    }
+    return fill(template["job_flow"], values)
+
+
+def core_ebs(config: PipelineConfig) -> dict | None:
+    """A core node's EBS volume when emr.core_ebs_gb is set. Each training worker copies its
+    shards to its node's disk, so a large corpus may need more than the default volumes."""
+    if config.emr.core_ebs_gb is None:
+        return None
+    volume = {"VolumeSpecification": {"VolumeType": "gp3", "SizeInGB": config.emr.core_ebs_gb}, "VolumesPerInstance": 1}
+    return {"EbsBlockDeviceConfigs": [volume], "EbsOptimized": True}
+
+
+def startup_limits(config: PipelineConfig) -> dict[str, int]:
+    """The cluster sensor's `timeout` and `poke_interval`: start-up and bootstrap have their own
+    allowance, so that no step's limit counts them."""
+    return {"timeout": config.emr.startup_timeout_minutes * 60, "poke_interval": config.emr.poke_interval_seconds}
