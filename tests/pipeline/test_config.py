@@ -147,6 +147,13 @@ def test_cross_field_rules():
         load_config(overrides=["data.shards=1"])
     with pytest.raises(ConfigError, match=r"train.batch_size \(33\) must be .* \(2\): set train.batch_size=32 or 34$"):
         load_config(overrides=["train.batch_size=33"])
+    with pytest.raises(  # a larger stride would skip text
+        ConfigError,
+        match=r"^invalid configuration: data.stride \(64\) must not exceed data.block_size \(32\): windows that far "
+        r"apart leave 32 token\(s\) between them that no window predicts; set data.stride=32 or less$",
+    ):
+        load_config(overrides=["data.block_size=32"])
+    assert load_config(overrides=["data.block_size=32", "data.stride=32"]).data.stride == 32
     with pytest.raises(ConfigError, match="embedding.dim .* divisible by model.n_head"):
         load_config(overrides=["model.n_head=5"])
     with pytest.raises(ConfigError, match="train.min_learning_rate must not exceed train.learning_rate"):
@@ -169,16 +176,6 @@ def test_cross_field_rules():
     ):
         load_config(overrides=[*emr, "emr.idle_timeout_minutes=6"])
     assert load_config(overrides=[*emr, "emr.idle_timeout_minutes=7"]).emr.idle_timeout_minutes == 7
-
-
-def test_a_stride_past_the_block_size_is_refused_saying_what_it_would_skip():
-    with pytest.raises(
-        ConfigError,
-        match=r"^invalid configuration: data.stride \(64\) must not exceed data.block_size \(32\): windows that far "
-        r"apart leave 32 token\(s\) between them that no window predicts; set data.stride=32 or less$",
-    ):
-        load_config(overrides=["data.block_size=32"])
-    assert load_config(overrides=["data.block_size=32", "data.stride=32"]).data.stride == 32
 
 
 @pytest.mark.parametrize(
