@@ -54,7 +54,7 @@ from pipeline import corpus_files, lake, run_folder
 from pipeline import stages as stage_graph
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.config_files import defaults_path, load_config, read_yaml
-from pipeline.errors import name_some
+from pipeline.errors import name_some, shown
 from pipeline.overrides import DAG_SETTINGS, setting
 from pipeline.stages import STAGE_NAMES
 from spark_jobs.spark.stage_app import load_run_config
@@ -93,8 +93,8 @@ def form_config() -> tuple[PipelineConfig, str]:
         dag_value, run_value = setting(dag_settings, name), setting(run_settings, name)
         if run_value != dag_value:
             raise ConfigError(
-                f"{name}: this DAG's {name} is {dag_value!r}, read from {CONFIG_PATH.name} when Airflow "
-                f"parses the DAG; a run cannot change it (got {run_value!r}): edit {CONFIG_PATH.name}"
+                f"{name}: this DAG's {name} is {shown(dag_value)}, read from {CONFIG_PATH.name} when Airflow "
+                f"parses the DAG; a run cannot change it (got {shown(run_value)}): edit {CONFIG_PATH.name}"
             )
     changed = stage_graph.changed_settings(dag_settings, run_settings)
     log.info(

@@ -16,7 +16,7 @@ from include.emr_code import split_s3_uri
 from include.record import check_bucket
 from pipeline import corpus_files
 from pipeline.config import ConfigError, PipelineConfig
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, shown
 from spark_jobs.text import corpus
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def bucket_settings(config: PipelineConfig) -> dict[str, list[str]]:
     for name, values in uris.items():
         for uri in values:
             if not uri.startswith("s3://"):
-                raise ConfigError(f"{name}: target emr reads and writes S3 only, and {uri!r} is not an s3:// URI")
+                raise ConfigError(f"{name}: target emr reads and writes S3 only, and {shown(uri)} is not an s3:// URI")
             names = found.setdefault(split_s3_uri(uri)[0], [])
             if name not in names:
                 names.append(name)

@@ -112,7 +112,11 @@ class RunFolder:
 
 
 def record_files(run: RunFolder) -> list[str]:
-    files = [path for path in run.files() if path in RECORD_FILES or path.startswith(RECORD_FOLDERS)]
+    files = [
+        path
+        for path in run.files()
+        if (path in RECORD_FILES or path.startswith(RECORD_FOLDERS)) and not lake.is_temporary(path)
+    ]
     missing = [name for name in RECORD_FILES if name not in files]
     if missing:
         raise PipelineError(f"run folder {run.uri} has no {', '.join(missing)}: the run did not complete")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from datetime import datetime, timezone
 
 from pipeline import run_folder
@@ -112,8 +113,16 @@ def report_text(report: dict) -> str:
         + spark_text(report.get("spark", {}))
         + (emr_text(report["emr"]) if "emr" in report else "")
         + (f"## Warnings\n\n{warnings}\n\n" if warnings else "")
-        + f"## Sample\n\n{generation_text(report.get('generation', {}))}```\n{report['sample']}\n```\n"
+        + f"## Sample\n\n{generation_text(report.get('generation', {}))}{code_block(report['sample'])}"
     )
+
+
+def code_block(text: str) -> str:
+    """text as a Markdown code block, fenced with more backticks than any run of them in it (as
+    CommonMark allows): a sample that holds ``` does not end its block and go on as Markdown."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text}\n{fence}\n"
 
 
 def generation_text(generation: dict) -> str:

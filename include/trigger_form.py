@@ -14,6 +14,7 @@ from airflow.sdk import Param
 from pydantic import TypeAdapter
 
 from pipeline.config import ConfigError
+from pipeline.errors import cut, name_some
 from pipeline.overrides import field_annotation, setting
 
 # Param name -> (config field, description)
@@ -22,7 +23,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "run_name": ("run_name", "Names the run folder: runs/{run_name}-{Airflow run id}; empty: the corpus's name"),
     "vocab_size": ("tokenizer.vocab_size", "Byte-level BPE vocabulary size"),
     "block_size": ("data.block_size", "T: tokens the model sees at once"),
-    "stride": ("data.stride", "Step between window starts"),
+    "stride": ("data.stride", "Step between window starts, at most block_size"),
     "pack_documents": (
         "data.pack_documents",
         "Windows across files, each followed by <|endoftext|>: for documents shorter than a window",
@@ -75,7 +76,8 @@ def overrides(values: dict) -> list[str | dict]:
     """Turn submitted form values into config overrides (dicts, so values are not re-parsed)."""
     unknown = sorted(set(values) - set(FIELDS) - {OVERRIDES})
     if unknown:
-        raise ConfigError(f"unknown trigger parameter(s) {', '.join(unknown)}; use overrides for other settings")
+        names = name_some([cut(name) for name in unknown])
+        raise ConfigError(f"unknown trigger parameter(s) {names}; use overrides for other settings")
     result: list[str | dict] = []
     for name, (field, _) in FIELDS.items():
         if name in values:

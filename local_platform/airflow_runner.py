@@ -264,7 +264,7 @@ def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterabl
             f"keep_runs:        removed {len(removed)} older run folder(s), their only copy (the S3 records of "
             f"earlier make runs ended with them): {name_some(sorted(removed))}"
         )
-    print(f"generated sample:\n{report['sample']}")
+    print(f"generated sample:\n{console.printable(report['sample'])}")
     if report["run_folder"].startswith("s3://"):  # the EMR rehearsal's lake is on the moto server
         return
     model = shlex.quote(lake.local_path(lake.join(report["run_folder"], run_folder.MODEL_FOLDER)))

@@ -4,7 +4,8 @@ The console gets a line as each task starts and one as it ends (its state and se
 training progress, the stages' WARNING and ERROR lines, and the warnings and errors Airflow's tasks
 log; Airflow's, Spark's and TensorFlow's other output (a few hundred lines, many of them several
 hundred characters wide) goes only to the log, whose path is printed first. Verbose: every line
-on the console too.
+on the console too. The console gets each line printable (pipeline.log.printable): a stage's
+output (a generated sample) cannot drive the terminal.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TextIO
+
+from pipeline.errors import cut
+from pipeline.log import printable
 
 START, END, SHOW = "start", "end", "show"
 RESCHEDULED = "up_for_reschedule"  # the state of a sensor between its pokes (reschedule mode)
@@ -60,7 +64,7 @@ def classify(line: str) -> tuple[str | None, str]:
 
 
 def shortened(text: str) -> str:
-    return text if len(text) <= WIDTH else text[: WIDTH - 1] + "…"
+    return cut(text, WIDTH)
 
 
 class Console:
@@ -84,7 +88,7 @@ class Console:
         self.log.flush()  # the log is there to be read while the run goes on (tail -f)
         shown = line.rstrip("\n") if self.verbose else self.shown(line)
         if shown is not None:
-            print(shown, flush=True)  # sys.stdout at each line: what a test captures
+            print(printable(shown), flush=True)  # sys.stdout at each line: what a test captures
 
     def shown(self, line: str) -> str | None:
         kind, text = classify(line)

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, cut, shown
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_CORPUS = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"  # pipeline.yaml's corpus
@@ -42,7 +42,7 @@ S3_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 def check_bucket_name(bucket: str) -> str:
     if not S3_BUCKET_NAME.match(bucket):
         raise ValueError(
-            f"{bucket!r} is not an S3 bucket name: 3 to 63 lowercase letters, digits, '.' and '-', starting and "
+            f"{shown(bucket)} is not an S3 bucket name: 3 to 63 lowercase letters, digits, '.' and '-', starting and "
             "ending with a letter or digit (and no glob)"
         )
     return bucket
@@ -55,14 +55,14 @@ def to_uri(path_or_uri: str) -> str:
     if "://" in path_or_uri:
         scheme, rest = path_or_uri.split("://", 1)
         if scheme not in URI_SCHEMES:
-            raise ConfigError(f"unsupported URI scheme {scheme}://; use a local path, file:// or s3://")
+            raise ConfigError(f"unsupported URI scheme {cut(scheme)}://; use a local path, file:// or s3://")
         if scheme == "s3":
             check_bucket_name(rest.split("/", 1)[0])
         return path_or_uri
     try:
         path = Path(path_or_uri).expanduser()
     except RuntimeError as error:  # ~someone who is not a user here
-        raise ValueError(f"{path_or_uri}: {error}") from None
+        raise ValueError(f"{cut(path_or_uri)}: {error}") from None
     return "file://" + (path if path.is_absolute() else REPO_ROOT / path).resolve().as_posix()
 
 
@@ -136,7 +136,9 @@ class S3Config(_Section):
 class TokenizerConfig(_Section):
     vocab_size: int = Field(ge=MIN_VOCAB_SIZE, le=1_000_000)
     min_frequency: int = Field(ge=1)
-    train_sample_mb: float = Field(gt=0)
+    # The driver reads the sample into memory and trains BPE on it: 10 GB is far more than a merge
+    # table needs, and more than many a driver holds.
+    train_sample_mb: float = Field(gt=0, le=10_000)
 
     @property
     def sample_cap_bytes(self) -> int:
@@ -144,34 +146,38 @@ class TokenizerConfig(_Section):
 
 
 class DataConfig(_Section):
-    block_size: int = Field(ge=2, description="T, tokens per model input")
-    stride: int = Field(ge=1)
+    block_size: int = Field(ge=2, le=65_536, description="T, tokens per model input")
+    stride: int = Field(ge=1)  # at most block_size (PipelineConfig._consistent)
     val_fraction: float = Field(gt=0, lt=1)
     val_split: Literal["auto", "files", "tail"]
     pack_documents: bool
-    shards: int = Field(ge=1)
+    # Each shard is a loop over every batch of windows in the export stage, and a Spark partition.
+    shards: int = Field(ge=1, le=10_000)
     bad_files: Literal["fail", "skip"]
 
 
 class Word2VecConfig(_Section):
     enabled: bool
-    window: int = Field(ge=1)
-    min_count: int = Field(ge=1)
-    max_iter: int = Field(ge=1)
-    max_sentences: int = Field(ge=1)
+    # Spark's Word2Vec visits window * 2 positions around every token, however short its sentence
+    # (data.block_size + 1 tokens): a window past that costs time and adds nothing.
+    window: int = Field(ge=1, le=1_000)
+    min_count: int = Field(ge=1, le=2**31 - 1)  # a Java int, as Spark takes it
+    max_iter: int = Field(ge=1, le=1_000)  # each a pass over every sentence
+    # Cached by Spark: ten million windows are hours of Word2Vec on a cluster (docs/benchmarks.md).
+    max_sentences: int = Field(ge=1, le=10_000_000)
     seed: Seed
 
 
 class EmbeddingConfig(_Section):
-    dim: int = Field(ge=2)
+    dim: int = Field(ge=2, le=16_384)  # GPT-3's is 12,288
     word2vec: Word2VecConfig
 
 
 class ModelConfig(_Section):
-    n_layer: int = Field(ge=1)
-    n_head: int = Field(ge=1)
+    n_layer: int = Field(ge=1, le=256)  # GPT-3 has 96
+    n_head: int = Field(ge=1)  # at most embedding.dim, which it divides
     dropout: float = Field(ge=0, lt=1)
-    mlp_ratio: int = Field(ge=1)
+    mlp_ratio: int = Field(ge=1, le=64)
 
 
 FINAL_EVAL_BATCHES_PER_EVAL = 20
@@ -179,7 +185,7 @@ FINAL_EVAL_BATCHES_PER_EVAL = 20
 
 class TrainConfig(_Section):
     num_workers: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
+    batch_size: int = Field(ge=1)  # bounded by the memory check (spark_jobs/training/memory.py)
     max_steps: int = Field(ge=1)
     learning_rate: float = Field(gt=0)
     min_learning_rate: float = Field(ge=0)
@@ -202,10 +208,10 @@ class TrainConfig(_Section):
 
 class GenerateConfig(_Section):
     prompt: str  # empty: a new document, from <|endoftext|>
-    max_new_tokens: int = Field(ge=1)
+    max_new_tokens: int = Field(ge=1, le=100_000)  # per sample, one step of the model each
     strategy: Literal["greedy", "top_k", "top_p"]
     temperature: float
-    top_k: int = Field(ge=1)
+    top_k: int = Field(ge=1, le=1_000_000)  # no vocabulary is larger (tokenizer.vocab_size)
     top_p: float = Field(gt=0, le=1)
     seed: Seed
     num_samples: int = Field(default=1, ge=1, le=100)
@@ -320,21 +326,27 @@ class PipelineConfig(_Section):
                     f"{name} ({value}) must be a multiple of train.num_workers ({self.train.num_workers}): "
                     f"set {name}={nearest_multiples(value, self.train.num_workers)}"
                 )
+        if self.data.stride > self.data.block_size:
+            raise ValueError(
+                f"data.stride ({self.data.stride}) must not exceed data.block_size ({self.data.block_size}): windows "
+                f"that far apart leave {self.data.stride - self.data.block_size} token(s) between them that no window "
+                f"predicts; set data.stride={self.data.block_size} or less"
+            )
         if self.train.min_learning_rate > self.train.learning_rate:
             raise ValueError("train.min_learning_rate must not exceed train.learning_rate")
         if self.target == "emr" and not self.lake.startswith("s3://"):
-            raise ValueError(f"lake must be an s3:// URI for target emr, got {self.lake!r}")
+            raise ValueError(f"lake must be an s3:// URI for target emr, got {shown(self.lake)}")
         if self.target == "local" and self.lake.startswith("s3://"):
             raise ValueError(
                 f"lake must be a local path or file:// URI for target local (local Spark reads no s3://), "
-                f"got {self.lake!r}"
+                f"got {shown(self.lake)}"
             )
         runs, records = f"{self.lake}/runs", self.s3.record_folder()
         if runs == records or records.startswith(runs + "/"):
             raise ValueError(
-                f"lake ({self.lake}) keeps its run folders in {runs}/, where s3.bucket and s3.prefix put the runs' "
-                "records and latest pointers: prune_runs and collect would remove and overwrite each other's files; "
-                "give the lake another prefix"
+                f"lake ({cut(self.lake)}) keeps its run folders in {cut(runs)}/, where s3.bucket and s3.prefix put "
+                "the runs' records and latest pointers: prune_runs and collect would remove and overwrite each other's "
+                "files; give the lake another prefix"
             )
         if self.target == "emr" and self.emr.idle_timeout_minutes < self.emr.shortest_idle_timeout_minutes():
             raise ValueError(

@@ -22,6 +22,7 @@ from pipeline import lake, run_folder
 from pipeline.config import GenerateConfig, PipelineConfig, to_uri
 from pipeline.config_files import load_config
 from pipeline.errors import PipelineError
+from pipeline.log import printable
 from spark_jobs.model import sampler
 from spark_jobs.spark.stage_app import run_stage
 from spark_jobs.text import bpe
@@ -133,7 +134,7 @@ def generate_stage(spark, config: PipelineConfig, run: str) -> dict:
     tokens = sum(len(tokens) for tokens in new)
     lake.write_text(lake.join(run, run_folder.SAMPLES_PATH), text + "\n")
     tensorboard_log.write_samples(run, trained["steps"], texts)  # beside the training's curves, at its last step
-    print(text, flush=True)
+    print(printable(text), flush=True)  # the samples.txt keeps the text as it is
     return {
         "prompt": config.generate.prompt,
         "new_tokens": config.generate.max_new_tokens,
@@ -190,7 +191,7 @@ def cli(argv: list[str]) -> int:
         block_size = model.get_layer("embedding").block_size
         if not 1 <= window_slide <= block_size:
             raise PipelineError(f"--window-slide {window_slide}: must be between 1 and the block size {block_size}")
-        print(samples(model, tokenizer, config.generate, window_slide))
+        print(printable(samples(model, tokenizer, config.generate, window_slide)))
     except (PipelineError, OSError) as error:  # OSError: a model or pointer that cannot be read
         print(f"ERROR {error}", file=sys.stderr)
         return 2

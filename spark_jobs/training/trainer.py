@@ -121,11 +121,7 @@ class Worker:
         # What a backup must have been taken with to be resumed, and the settings, to name any that differ.
         self.identity = {"fingerprint": fingerprint(config, self.manifest), "settings": resume_settings(config)}
         self.warnings: list[str] = []
-        try:
-            backup = backups.load_backup(run, self.model, self.optimizer, self.identity)
-        except backups.OtherSettings as ignored:
-            backup = None
-            self.warn(str(ignored))
+        backup = backups.resume(run, self.model, self.optimizer, self.identity, self.warn)
         self.start_step = backup["step"] if backup else 0
         self.rows = backup["rows"] if backup else []
         self.points = self.earlier_points(self.start_step) if self.is_chief else []

@@ -169,6 +169,8 @@ def test_form_values_become_config_fields():
         ),
         ({"overrides": ["data.window_size=64"]}, r"data\.window_size: unknown key"),
         ({"max_step": 10}, r"unknown trigger parameter\(s\) max_step"),
+        ({"x" * 100_000: 1}, r"unknown trigger parameter\(s\) x{199}…; use overrides"),
+        ({"overrides": ["corpus=[&a a.txt, *a]"]}, r"^invalid configuration: corpus: anchors and aliases"),
     ],
 )
 def test_bad_form_values_name_the_field(values, message):

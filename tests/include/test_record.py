@@ -31,7 +31,8 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")} if lake_root == "local" else on_s3])
     run_dir = run_folder.run_dir(config, f"run-{len(lake_root)}")
     files = run_files(config.to_json())
-    finished_run(s3, run_dir, files)
+    stray = f"{run_folder.STATS_FOLDER}/{lake.temporary_name('train.json')}"  # a killed writer's: not the record's
+    finished_run(s3, run_dir, files | {stray: b"half a fi"})
 
     report = collect_record(run_dir, hook, STAGE_NAMES)
 

@@ -325,3 +325,13 @@ def test_the_sample_section_says_how_long_generation_took():
     assert f"## Sample\n\n{expected}\n\n```\n" in report_text(small_report(generation=generation))
     assert expected in Page(report_html(html_report(generation=generation))).text["generation"]
     assert "new tokens in" not in report_text(small_report())
+
+
+@pytest.mark.parametrize("sample", ["ROMEO: hark", "```\n# not a heading\n````\n[a link](http://x)", "`"])
+def test_report_md_holds_the_sample_in_one_code_block_whatever_backticks_it_holds(sample):
+    from markdown_it import MarkdownIt
+
+    text = report_text(small_report(sample=sample))
+    tokens = MarkdownIt("commonmark").parse(text[text.index("## Sample") :])
+    assert [token.type for token in tokens] == ["heading_open", "inline", "heading_close", "fence"]
+    assert tokens[-1].content == sample + "\n"

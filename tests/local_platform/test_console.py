@@ -172,3 +172,29 @@ def test_airflows_output_reaches_the_output_line_by_line_through_the_pipe(tmp_pa
     assert any("invalid choice: 'no-such-command'" in line for line in lines), lines  # argparse's, on stderr
     assert all(line.endswith("\n") for line in lines)
     assert capfd.readouterr() == ("", "")
+
+
+# A sample a model could write: a new window title, a cleared screen, a C1 colour, a line overwritten.
+HOSTILE = "ROMEO: \x1b]0;owned\x07\x1b[2J\x9b31mhark\rthee,\tJuliet"
+HARMLESS = "ROMEO: \\x1b]0;owned\\x07\\x1b[2J\\x9b31mhark\\x0dthee,\tJuliet"
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_console_shows_control_characters_as_escapes_and_the_log_keeps_them(capsys, verbose):
+    log = io.StringIO()
+    console.Console(log, lambda task: "success", verbose)(f"WARNING [generate] {HOSTILE}\n")
+    assert capsys.readouterr().out == f"WARNING [generate] {HARMLESS}\n"
+    assert log.getvalue() == f"WARNING [generate] {HOSTILE}\n"
+
+
+def test_the_run_summary_prints_the_sample_with_control_characters_as_escapes(capsys):
+    report = {
+        "run_folder": "s3://lake/runs/r",
+        "s3_uri": "s3://b/runs/r/",
+        "final_val_loss": 4.4,
+        "val_nats_per_char": 1.7,
+        "warnings": [],
+        "sample": f"{HOSTILE}\nJULIET: ay me",
+    }
+    airflow_runner.print_report(report, "s3://b/runs/latest/r.json", {"model": "s3://b/runs/r/model/"})
+    assert capsys.readouterr().out.endswith(f"generated sample:\n{HARMLESS}\nJULIET: ay me\n")

@@ -116,6 +116,21 @@ def test_a_file_that_cannot_be_written_whole_leaves_the_old_one_and_no_temporary
     assert (folder / "train.json").read_text() == "old\n"
 
 
+def test_a_write_that_fails_leaves_the_file_it_would_replace_and_no_temporary_file(folder):
+    """On S3 too, where closing an upload completes it: the training's last backup outlives a
+    failed attempt to replace it."""
+    uri = lake.join(folder, "checkpoints", "state.npz")
+    lake.write_bytes(uri, b"the last good backup")
+    with pytest.raises(RuntimeError, match="stopped mid-way"), lake.AtomicFile(uri) as file:
+        file.stream.write(b"half a back")
+        raise RuntimeError("stopped mid-way")
+    assert lake.read_bytes(uri) == b"the last good backup"
+    assert lake.list_files(lake.join(folder, "checkpoints")) == [uri]
+    lake.write_bytes(uri, b"a newer backup")
+    assert lake.read_bytes(uri) == b"a newer backup"
+    assert lake.list_files(lake.join(folder, "checkpoints")) == [uri]
+
+
 def test_a_bucket_has_one_s3_filesystem_per_process(s3, monkeypatch, tmp_path):
     for name, value in s3.connection_env().items():
         monkeypatch.setenv(name, value)

@@ -237,6 +237,17 @@ def test_the_stage_records_how_long_generation_took_and_logs_the_samples_for_ten
     assert tags == {tensorboard_log.SAMPLES: {40: tensorboard_log.samples_markdown(samples)}}
 
 
+def test_the_stage_prints_its_samples_with_control_characters_as_escapes_and_keeps_them_in_samples_txt(
+    model_dir, tmp_path, monkeypatch, capsys
+):
+    shutil.copytree(model_dir, tmp_path / "run" / run_folder.MODEL_FOLDER)
+    monkeypatch.setattr(run_folder, "require_stage", lambda *_: {"steps": 40})
+    config = load_config(overrides={"generate": {"prompt": "\x1b[2JROMEO:\r", "max_new_tokens": 3}})
+    generate_module.generate_stage(None, config, (tmp_path / "run").as_uri())
+    assert capsys.readouterr().out.startswith("\\x1b[2JROMEO:\\x0d")
+    assert (tmp_path / "run" / run_folder.SAMPLES_PATH).read_bytes().startswith(b"\x1b[2JROMEO:\r")
+
+
 def test_a_folder_without_a_model_is_named(tmp_path):
     with pytest.raises(PipelineError, match="holds no model.keras"):
         load_model(tmp_path.as_uri())
@@ -258,6 +269,12 @@ def test_cli_prints_a_seeded_continuation(model_dir):
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith("ROMEO:")
     assert first.stdout == again.stdout
+
+
+def test_cli_prints_control_characters_as_escapes(model_dir):
+    completed = cli("--model-dir", str(model_dir), "--prompt", "\x1b]0;owned\x07ROMEO:", "--max-new-tokens", "3")
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.startswith("\\x1b]0;owned\\x07ROMEO:")
 
 
 def test_cli_prints_several_samples(model_dir):

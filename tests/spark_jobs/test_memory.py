@@ -19,7 +19,14 @@ EMR = {"target": "emr", "lake": "s3://gpt-pipeline/lake", "corpus": "s3://gpt-pi
     "overrides",
     [
         [],
-        ["tokenizer.vocab_size=300", "data.block_size=2", "embedding.dim=6", "model.n_head=3", "model.n_layer=1"],
+        [
+            "tokenizer.vocab_size=300",
+            "data.block_size=2",
+            "data.stride=2",
+            "embedding.dim=6",
+            "model.n_head=3",
+            "model.n_layer=1",
+        ],
         ["embedding.dim=384", "model.n_head=6", "model.n_layer=7", "model.mlp_ratio=2", "data.block_size=512"],
     ],
 )
@@ -41,7 +48,7 @@ def test_the_activations_grow_with_the_mlps_width():
     """Measured with D=256, L=4, T=32, b=256 on one worker: peaks of about 1,780 MB at
     model.mlp_ratio=4 and 3,605 to 3,719 MB at 16 (benchmarks/train_memory.py), all but 144 MB of
     the difference in activations: 4.4 copies of b*T*L*D (32 MB) per unit of ratio."""
-    shape = ["train.num_workers=1", "embedding.dim=256", "data.block_size=32", "train.batch_size=256"]
+    shape = ["train.num_workers=1", "embedding.dim=256", "data.block_size=32", "data.stride=16", "train.batch_size=256"]
     estimate = {
         ratio: memory.worker_peak_mb(load_config(overrides=[*shape, f"model.mlp_ratio={ratio}"]), 2048)
         for ratio in (1, 4, 16)
