@@ -22,7 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from local_platform.airflow_runner import DAG_ID, dags_test, prepare, read_report  # noqa: E402
+from include.airflow_names import DAG_ID  # noqa: E402
+from local_platform.airflow_home import prepare  # noqa: E402
+from local_platform.dag_test import dags_test, read_report  # noqa: E402
 from local_platform.moto_s3 import LocalS3  # noqa: E402
 from pipeline.config_files import load_config  # noqa: E402
 from pipeline.overrides import add_set_argument  # noqa: E402

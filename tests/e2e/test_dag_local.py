@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from selenium.webdriver.common.by import By
 
+from include.airflow_names import DAG_ID
 from include.report_link import REPORT_URL_KEY, RunReportLink
-from local_platform.airflow_runner import AIRFLOW, DAG_ID, prepare
+from local_platform.airflow_home import AIRFLOW, prepare
 from local_platform.moto_s3 import LocalS3
 from pipeline import lake, run_folder
 from pipeline.config import REPO_ROOT

@@ -112,7 +112,7 @@ def test_a_missing_bucket_is_named(s3, hook, tmp_path):
 
 @pytest.mark.parametrize("prefix", ["", "/", "records/2026"])
 def test_make_run_reads_the_report_collect_wrote_whatever_the_prefix(s3, hook, tmp_path, prefix):
-    from local_platform.airflow_runner import read_report
+    from local_platform.dag_test import read_report
 
     bucket = f"prefix-{len(prefix)}"
     s3.client().create_bucket(Bucket=bucket)
