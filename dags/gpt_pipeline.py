@@ -85,7 +85,9 @@ def retraining_schedule(config: PipelineConfig):
 
 
 def form_config() -> tuple[PipelineConfig, str]:
-    """This run's config (pipeline.yaml + the trigger form, validated) and its run folder name."""
+    """This run's config (pipeline.yaml + the trigger form, validated) and its run id: the run
+    folder's name, made of the run name and Airflow's run id, which it makes safe for a folder, an
+    S3 key and a cluster's name (run_folder.safe_run_id)."""
     context = get_current_context()
     config = load_config(CONFIG_PATH, trigger_form.overrides(dict(context["params"])))
     dag_settings, run_settings = CONFIG.model_dump(), config.model_dump()
@@ -100,7 +102,7 @@ def form_config() -> tuple[PipelineConfig, str]:
     log.info(
         "settings from the form: %s", "; ".join(f"{path} = {new!r}" for path, (_, new) in changed.items()) or "none"
     )
-    return config, f"{config.run_name}-{context['run_id']}"
+    return config, run_folder.safe_run_id(f"{config.run_name}-{context['run_id']}")
 
 
 def check_run(config: PipelineConfig, sizes: dict[str, int]) -> preflight.RunCheck:

@@ -50,7 +50,7 @@ def read_template() -> dict:
 
 
 def code_uri(config: PipelineConfig, run_id: str) -> str:
-    return lake.join(config.emr.code_prefix, run_folder.safe_run_id(run_id))
+    return lake.join(config.emr.code_prefix, run_id)
 
 
 def requirements_hash() -> str:
@@ -125,10 +125,10 @@ def job_flow_overrides(config: PipelineConfig, run_id: str) -> dict:
     template = read_template()
     instance_type(config, "master_instance_type", template)
     instance_type(config, "core_instance_type", template)
-    tags = {**config.emr.tags, "run_id": run_folder.safe_run_id(run_id)}
+    tags = {**config.emr.tags, "run_id": run_id}
     values = {f"emr.{key}": value for key, value in config.emr.model_dump().items()}
     values |= {
-        "run_id": run_folder.safe_run_id(run_id),
+        "run_id": run_id,
         "code_uri": code_uri(config, run_id),
         "venv": template["venv"],
         "wheelhouse_uri": wheelhouse_uri(config.emr.code_prefix),

@@ -37,7 +37,9 @@ READY_STATES = ("WAITING", "RUNNING")
 
 def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> dict:
     """Check the run fits the DAG's sensor limits, upload it, and return what the EMR tasks send:
-    `run_dir`, `job_flow_overrides` and `{stage}_step` (run it as a task with multiple_outputs=True)."""
+    `run_dir`, `job_flow_overrides` and `{stage}_step` (run it as a task with multiple_outputs=True).
+    `run_id` is the run folder's name, made safe once by the DAG (run_folder.safe_run_id); the code's
+    folder and the cluster's name and tags take it as it is."""
     emr.check_sensor_limits(config, dag_config)
     worker_mb = emr.train_executor_memory_mb(config)[1]
     where = f"on an {config.emr.core_instance_type} core node (emr.core_instance_type: its train executor's overhead)"

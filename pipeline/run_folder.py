@@ -79,12 +79,17 @@ def runs_folder(lake_uri: str) -> str:
 
 
 def run_dir(config: PipelineConfig, run_id: str) -> str:
-    return lake.join(runs_folder(config.lake), safe_run_id(run_id))
+    """The run folder of `run_id`, a folder name already (safe_run_id's): any other is refused."""
+    if run_id != safe_run_id(run_id):
+        raise PipelineError(f"run id {run_id!r} is not a folder name: make it one with safe_run_id where it comes in")
+    return lake.join(runs_folder(config.lake), run_id)
 
 
 def safe_run_id(run_id: str) -> str:
     """The run id as a folder name: Airflow run ids hold ':' and '+', which are awkward in paths and
-    S3 keys, and a leading '.' would make a hidden folder, or with '..' the lake itself."""
+    S3 keys, and a leading '.' would make a hidden folder, or with '..' the lake itself. Applied once,
+    where a run id comes in (the DAG's form_config, the stage runner's --run-id); what follows, the
+    run folder, the EMR code's folder and the cluster's name and tags, takes the result as it is."""
     if not run_id:
         raise PipelineError("a run id must not be empty")
     safe = "".join(char if char.isalnum() or char in "-_." else "_" for char in run_id)

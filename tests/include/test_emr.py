@@ -25,7 +25,8 @@ from pipeline.stages import STAGE_NAMES, by_name
 from spark_jobs.training import memory
 
 EMR_TARGET = ["target=emr", "lake=s3://test-lake/pipeline"]
-RUN_ID = "tinyshakespeare-manual__2026-11-22T08:00:00+00:00"
+# As the DAG passes it: Airflow's run id made a folder name once, by form_config (run_folder.safe_run_id).
+RUN_ID = "tinyshakespeare-manual__2026-11-22T08_00_00_00_00"
 
 
 def emr_config(*overrides: str):
@@ -60,12 +61,13 @@ def test_cluster_request_follows_config():
     assert request["LogUri"] == config.emr.log_uri
     assert (request["JobFlowRole"], request["ServiceRole"]) == (config.emr.job_flow_role, config.emr.service_role)
     code = emr.code_uri(config, RUN_ID)
-    assert code == f"s3://gpt-pipeline/code/{run_folder.safe_run_id(RUN_ID)}"
+    assert code == f"s3://gpt-pipeline/code/{RUN_ID}"
+    assert request["Name"] == f"gpt-pipeline-{RUN_ID}"
     (bootstrap,) = request["BootstrapActions"]
     assert bootstrap["ScriptBootstrapAction"]["Path"] == f"{code}/bootstrap.sh"
     assert bootstrap["ScriptBootstrapAction"]["Args"][0] == code
     tags = {tag["Key"]: tag["Value"] for tag in request["Tags"]}
-    assert tags == {**config.emr.tags, "run_id": run_folder.safe_run_id(RUN_ID)}
+    assert tags == {**config.emr.tags, "run_id": RUN_ID}
     assert "${" not in repr(request)
 
 

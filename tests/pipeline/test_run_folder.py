@@ -4,6 +4,7 @@ stages an existing run's changed settings make stale, stage markers, and the loc
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -72,6 +73,13 @@ def test_the_local_runner_keeps_an_existing_runs_settings(tmp_path):
     # A new run starts from the defaults.
     args = stage_runner.parse_args(["--run-id", "new", "--set", f"lake={tmp_path / 'lake'}"])
     assert stage_runner.resolve_config(args).train.max_steps == load_config().train.max_steps
+
+
+def test_the_local_runners_run_id_is_made_a_folder_name_as_it_is_read():
+    from local_platform import stage_runner
+
+    assert stage_runner.parse_args(["--run-id", "books 2026:11"]).run_id == "books_2026_11"
+    assert stage_runner.parse_args(["--run-id", ""]).run_id is None  # a new run, as without --run-id
 
 
 def test_an_existing_run_checks_a_change_against_its_own_settings(tmp_path):
@@ -258,7 +266,11 @@ def test_the_local_runner_refuses_a_new_run_without_the_stages_its_stages_read(t
 )
 def test_a_run_id_never_names_a_hidden_folder_or_one_outside_runs(tmp_path, run_id, folder):
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
-    assert run_folder.run_dir(config, run_id) == f"file://{tmp_path}/lake/runs/{folder}"
+    assert run_folder.safe_run_id(run_id) == folder
+    assert run_folder.run_dir(config, run_folder.safe_run_id(run_id)) == f"file://{tmp_path}/lake/runs/{folder}"
+    if run_id != folder:  # made safe where it comes in, never again: run_dir refuses one that is not
+        with pytest.raises(PipelineError, match=f"run id {re.escape(repr(run_id))} is not a folder name"):
+            run_folder.run_dir(config, run_id)
     with pytest.raises(PipelineError, match="a run id must not be empty"):
         run_folder.run_dir(config, "")
 
