@@ -30,5 +30,5 @@ def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterabl
     if report["run_folder"].startswith("s3://"):  # the EMR rehearsal's lake is on the moto server
         return
     model = shlex.quote(lake.local_path(lake.join(report["run_folder"], run_folder.MODEL_FOLDER)))
-    prompt = shlex.quote(lake.read_json(lake.join(report["run_folder"], run_folder.CONFIG_FILE))["generate"]["prompt"])
+    prompt = shlex.quote(run_folder.read_config(report["run_folder"]).generate.prompt)
     print(f"\nmore samples:     .venv/bin/python -m spark_jobs.generate --model-dir {model} --prompt {prompt}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import signal
 import sys
 from datetime import datetime, timezone
@@ -136,8 +135,8 @@ def existing_run_config(config_path: str | None, overrides: list, run_id: str) -
         lake_uri = to_uri(str(settings.get("lake") or ""))
     except ValueError:
         return None  # a bad lake: the config model names it
-    uri = lake.join(run_folder.runs_folder(lake_uri), run_id, run_folder.CONFIG_FILE)
-    return json.loads(lake.read_text(uri)) if lake.exists(uri) else None
+    run = lake.join(run_folder.runs_folder(lake_uri), run_id)
+    return run_folder.read_config_data(run) if lake.exists(lake.join(run, run_folder.CONFIG_FILE)) else None
 
 
 def interrupt(_signum, _frame) -> None:

@@ -83,7 +83,7 @@ def test_a_run_folder_that_cannot_take_the_report_still_gets_a_whole_record(s3, 
     def refuse(self, relative, data):
         raise PermissionError(f"cannot write {relative}")
 
-    monkeypatch.setattr(record_module.RunFolder, "write", refuse)
+    monkeypatch.setattr(record_module.StoredRun, "write", refuse)
     report = collect_record(run_dir, hook, STAGE_NAMES)
     assert (
         set(record(s3, "read-only")) >= {run_folder.REPORT_JSON, run_folder.REPORT_TEXT}

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
-
 from local_platform.run_summary import print_report
 from pipeline import run_folder
+from pipeline.config_files import load_config
 
 
 def test_the_run_summary_rounds_the_losses_and_offers_more_samples_of_the_runs_prompt(capsys, tmp_path):
     folder = tmp_path / "lake" / run_folder.RUNS_FOLDER / "r"
     folder.mkdir(parents=True)
-    (folder / run_folder.CONFIG_FILE).write_text(json.dumps({"generate": {"prompt": "Ἀχιλῆος, he said"}}))
+    config = load_config(overrides=[{"generate": {"prompt": "Ἀχιλῆος, he said"}}])
+    (folder / run_folder.CONFIG_FILE).write_text(config.to_json())
     report = {
         "run_folder": folder.as_uri(),
         "s3_uri": "s3://b/runs/r/",

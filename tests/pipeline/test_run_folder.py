@@ -3,6 +3,7 @@ stages an existing run's changed settings make stale, stage markers, and the loc
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -196,6 +197,36 @@ def test_the_local_runner_stops_whole_file_validation_of_a_single_file_before_sp
         "take it whole; use data.val_split=tail (or auto) or more files\n"
     )
     assert not (tmp_path / "lake").exists()
+
+
+def test_a_runs_config_is_read_back_as_create_run_wrote_it(tmp_path):
+    config = small_config(tmp_path, tmp_path / "c.txt", ["train.max_steps=7"])
+    run = new_run(config, "r")
+    assert run_folder.read_config(run) == config
+    assert run_folder.read_config_data(run) == json.loads(config.to_json())
+    with pytest.raises(PipelineError, match=f"^run folder {tmp_path.as_uri()}/none has no config.json: create the run"):
+        run_folder.read_config(f"{tmp_path.as_uri()}/none")
+
+
+def test_a_runs_config_is_read_through_the_reader_given(tmp_path):
+    """As Airflow's tasks read a run folder on S3, through their connection: never through the lake."""
+    config = small_config(tmp_path, tmp_path / "c.txt")
+    files = {run_folder.CONFIG_FILE: config.to_json().encode()}
+    assert run_folder.read_config("s3://nowhere/runs/r", files.__getitem__) == config
+    assert run_folder.read_config_data("s3://nowhere/runs/r", files.__getitem__)["run_name"] == config.run_name
+
+
+def test_a_broken_or_invalid_config_json_is_named(tmp_path):
+    run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
+    config_json = lake.join(run, run_folder.CONFIG_FILE)
+    lake.write_text(config_json, "{broken")
+    with pytest.raises(ConfigError, match=f"^resolved config {re.escape(config_json)} is not valid JSON: "):
+        run_folder.read_config_data(run)
+    # Settings that no longer validate (say, a run folder of another version): only the raw reader takes them.
+    lake.write_json(config_json, {"run_name": "old", "train": {"max_steps": 0}})
+    assert run_folder.read_config_data(run) == {"run_name": "old", "train": {"max_steps": 0}}
+    with pytest.raises(ConfigError, match=r"train\.max_steps: Input should be greater than or equal to 1"):
+        run_folder.read_config(run)
 
 
 def test_a_lake_where_no_folder_can_be_made_is_named(tmp_path):
