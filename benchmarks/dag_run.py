@@ -20,7 +20,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from local_platform.airflow_runner import DAG_ID, dags_test, prepare, read_report
+from include.airflow_names import DAG_ID
+from local_platform.airflow_home import prepare
+from local_platform.dag_test import dags_test, read_report
 from local_platform.moto_s3 import LocalS3
 from pipeline.config_files import load_config
 from pipeline.overrides import add_set_argument

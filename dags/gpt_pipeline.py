@@ -46,7 +46,7 @@ from include.airflow_names import DAG_ID, model_asset_name
 from include.emr_tasks import EmrClusterReadySensor, EmrCreateClusterOperator, EmrStageSensor
 from include.promote import latest_folder, promote_record
 from include.prune import remove_old_runs
-from include.record import AWS_CONN_ID, RunFolder, check_bucket, collect_record
+from include.record import AWS_CONN_ID, StoredRun, check_bucket, collect_record
 from include.report_link import REPORT_URL_KEY, CollectOperator, report_url
 from include.schedule import cron_timetable
 from include.spark_submit import packaged_code
@@ -57,7 +57,6 @@ from pipeline.config_files import defaults_path, load_config, read_yaml
 from pipeline.errors import name_some, shown
 from pipeline.overrides import DAG_SETTINGS, setting
 from pipeline.stages import STAGE_NAMES
-from spark_jobs.spark.stage_app import load_run_config
 from spark_jobs.training import memory
 
 log = logging.getLogger(__name__)
@@ -85,7 +84,9 @@ def retraining_schedule(config: PipelineConfig):
 
 
 def form_config() -> tuple[PipelineConfig, str]:
-    """This run's config (pipeline.yaml + the trigger form, validated) and its run folder name."""
+    """This run's config (pipeline.yaml + the trigger form, validated) and its run id: the run
+    folder's name, made of the run name and Airflow's run id, which it makes safe for a folder, an
+    S3 key and a cluster's name (run_folder.safe_run_id)."""
     context = get_current_context()
     config = load_config(CONFIG_PATH, trigger_form.overrides(dict(context["params"])))
     dag_settings, run_settings = CONFIG.model_dump(), config.model_dump()
@@ -100,7 +101,7 @@ def form_config() -> tuple[PipelineConfig, str]:
     log.info(
         "settings from the form: %s", "; ".join(f"{path} = {new!r}" for path, (_, new) in changed.items()) or "none"
     )
-    return config, f"{config.run_name}-{context['run_id']}"
+    return config, run_folder.safe_run_id(f"{config.run_name}-{context['run_id']}")
 
 
 def check_run(config: PipelineConfig, sizes: dict[str, int]) -> preflight.RunCheck:
@@ -149,7 +150,7 @@ def require_run_folder(run_dir: str, hook) -> None:
     """A run folder that is gone fails the task without its retry, which would fail the same way
     and hold the one active run meanwhile: keep_runs removes older collected runs, whose tasks may
     still be cleared in the UI."""
-    if not RunFolder(run_dir, hook).has(run_folder.CONFIG_FILE):
+    if not StoredRun(run_dir, hook).has(run_folder.CONFIG_FILE):
         raise AirflowFailException(
             f"run folder {run_dir} is gone (keep_runs removes older collected runs) or was never made: "
             "trigger a new run instead"
@@ -160,7 +161,7 @@ def require_run_folder(run_dir: str, hook) -> None:
 def run_local_stage(stage: str, run_dir: str) -> dict:
     """spark-submit one stage on local Spark; returns the headline figures of the stage's stats."""
     require_run_folder(run_dir, hook=None)
-    config = load_run_config(run_dir)
+    config = run_folder.read_config(run_dir)
     with packaged_code() as code_dir:
         try:
             with locks.run_folder_held(run_dir, f"the DAG's task {stage}"):
@@ -182,7 +183,7 @@ def collect(run_dir: str, cluster_id: str | None = None) -> dict:
     require_run_folder(run_dir, s3)
     extra = {}
     if cluster_id:
-        config = RunFolder(run_dir, s3).config()
+        config = run_folder.read_config(run_dir, StoredRun(run_dir, s3).read)
         client = EmrHook(aws_conn_id=config.emr.aws_conn_id, region_name=config.emr.region).conn
         extra["emr"] = emr_cost.cluster_record(client, cluster_id, config)
     report = collect_record(run_dir, s3, STAGE_NAMES, extra)

@@ -12,7 +12,6 @@ from typing import Any
 import yaml
 
 from include.emr_code import code_uri, wheelhouse_uri
-from pipeline import run_folder
 from pipeline.config import REPO_ROOT, ConfigError, PipelineConfig
 
 TEMPLATE_PATH = REPO_ROOT / "include" / "config" / "emr_cluster.yaml"
@@ -66,10 +65,10 @@ def job_flow_overrides(config: PipelineConfig, run_id: str) -> dict:
     template = read_template()
     instance_type(config, "master_instance_type", template)
     instance_type(config, "core_instance_type", template)
-    tags = {**config.emr.tags, "run_id": run_folder.safe_run_id(run_id)}
+    tags = {**config.emr.tags, "run_id": run_id}
     values = {f"emr.{key}": value for key, value in config.emr.model_dump().items()}
     values |= {
-        "run_id": run_folder.safe_run_id(run_id),
+        "run_id": run_id,
         "code_uri": code_uri(config, run_id),
         "venv": template["venv"],
         "wheelhouse_uri": wheelhouse_uri(config.emr.code_prefix),

@@ -24,7 +24,7 @@ WHEELHOUSE_BUILD_COMMAND = "python -m include.wheelhouse build"
 
 
 def code_uri(config: PipelineConfig, run_id: str) -> str:
-    return lake.join(config.emr.code_prefix, run_folder.safe_run_id(run_id))
+    return lake.join(config.emr.code_prefix, run_id)
 
 
 def requirements_hash() -> str:

@@ -25,7 +25,7 @@ from airflow.providers.amazon.aws.sensors.emr import EmrJobFlowSensor, EmrStepSe
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout, TaskDeferred
 
 from include import emr_cluster, emr_code, emr_cost, emr_steps, wheelhouse
-from include.record import RunFolder, check_bucket
+from include.record import StoredRun, check_bucket
 from pipeline import run_folder
 from pipeline.config import PipelineConfig
 from pipeline.stages import STAGE_NAMES
@@ -38,7 +38,9 @@ READY_STATES = ("WAITING", "RUNNING")
 
 def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> dict:
     """Check the run fits the DAG's sensor limits, upload it, and return what the EMR tasks send:
-    `run_dir`, `job_flow_overrides` and `{stage}_step` (run it as a task with multiple_outputs=True)."""
+    `run_dir`, `job_flow_overrides` and `{stage}_step` (run it as a task with multiple_outputs=True).
+    `run_id` is the run folder's name, made safe once by the DAG (run_folder.safe_run_id); the code's
+    folder and the cluster's name and tags take it as it is."""
     emr_steps.check_sensor_limits(config, dag_config)
     worker_mb = emr_steps.train_executor_memory_mb(config)[1]
     where = f"on an {config.emr.core_instance_type} core node (emr.core_instance_type: its train executor's overhead)"
@@ -189,7 +191,7 @@ class EmrStageSensor(EmrStepSensor):
         newest = next(iter(self.stage_steps()), None)
         if newest is None or (newest["Status"]["State"] in self.failed_states and newest["Name"] != name):
             self.check_cluster_running()  # EMR refuses a step on a cluster that ended: say why, without the retry
-            self.run_folder().remove(run_folder.error_path(self.stage))  # an earlier try's error is not this step's
+            self.stored_run().remove(run_folder.error_path(self.stage))  # an earlier try's error is not this step's
             (step_id,) = self.hook.add_job_flow_steps(job_flow_id=self.job_flow_id, steps=[{**self.step, "Name": name}])
             self.log.info("added step %s (%s) to cluster %s", step_id, name, self.job_flow_id)
             return step_id
@@ -201,14 +203,14 @@ class EmrStageSensor(EmrStepSensor):
         steps = [step for page in pages for step in page["Steps"]]
         return [step for step in steps if step["Name"] == self.stage or step["Name"].startswith(f"{self.stage} (try ")]
 
-    def run_folder(self) -> RunFolder:
-        return RunFolder(self.run_dir, S3Hook(aws_conn_id=self.aws_conn_id, region_name=self.region_name))
+    def stored_run(self) -> StoredRun:
+        return StoredRun(self.run_dir, S3Hook(aws_conn_id=self.aws_conn_id, region_name=self.region_name))
 
     def report_progress(self) -> None:
         """Log how far the running stage is, from the progress file it keeps in the run folder (train
         does), so that the task's log follows a long step; the step's own log reaches S3 only after it."""
         try:
-            run, path = self.run_folder(), run_folder.progress_path(self.stage)
+            run, path = self.stored_run(), run_folder.progress_path(self.stage)
             if run.has(path):
                 self.log.info("%s: %s", self.stage, describe_progress(run.read_json(path)))
         except Exception as error:  # reading progress must never fail the wait
@@ -240,7 +242,7 @@ class EmrStageSensor(EmrStepSensor):
             raise AirflowFailException(f"{self.stage}: step {self.step_id} ran out of its time limit ({limit:,} s)")
 
     def report_stage_error(self) -> None:
-        path, run = run_folder.error_path(self.stage), self.run_folder()
+        path, run = run_folder.error_path(self.stage), self.stored_run()
         if not run.has(path):
             self.log.error(
                 "%s left no %s in the run folder: its step log stdout.gz under emr.log_uri says why",

@@ -11,8 +11,8 @@ import json
 import posixpath
 from datetime import datetime, timezone
 
+from include.record import StoredRun
 from pipeline import run_folder
-from pipeline.config_files import from_json
 from pipeline.errors import PipelineError
 
 LATEST_FOLDER = "latest"
@@ -51,7 +51,7 @@ def promote_record(record_uri: str, hook) -> dict:
     if not hook.check_for_key(posixpath.join(prefix, run_folder.REPORT_JSON), bucket_name=bucket):
         raise PipelineError(f"record {record_uri} has no {run_folder.REPORT_JSON}: collect did not finish")
     report = read(posixpath.join(prefix, run_folder.REPORT_JSON))  # written last by collect: the record is whole
-    config = from_json(hook.read_key(posixpath.join(prefix, run_folder.CONFIG_FILE), bucket_name=bucket))
+    config = run_folder.read_config(record_uri, StoredRun(record_uri, hook).read)
     key = latest_key(config)
     current = read(key) if hook.check_for_key(key, bucket_name=bucket) else None
     candidate = {

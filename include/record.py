@@ -1,5 +1,6 @@
-"""The run's record: a run folder read on local disk or on S3 (RunFolder), the files of it that
-make the record, and the collect task, which copies them to S3 with the run's report.
+"""The run's record: a stored run's files read and written on local disk or on S3 through the
+Airflow connection (StoredRun), the files of a run folder that make the record, and the collect
+task, which copies them to S3 with the run's report.
 
 The record is the resolved config, stats/, model/, spark-events/, samples.txt and tensorboard/ of the run
 folder; it goes to s3://{s3.bucket}/{s3.prefix}/{run folder name}/ through the amazon provider's S3Hook, so the
@@ -18,8 +19,6 @@ from pathlib import Path
 from include.report import build_report, report_text
 from include.report_html import report_html
 from pipeline import lake, run_folder
-from pipeline.config import PipelineConfig
-from pipeline.config_files import from_json
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -43,8 +42,10 @@ CONTENT_TYPES = {
 }
 
 
-class RunFolder:
-    """Lists and reads a run folder on local disk (file://) or on S3 through the hook."""
+class StoredRun:
+    """A run as stored in a folder, its run folder in the lake or its record on S3: lists, reads and
+    writes its files on local disk (file://) or on S3 through the hook, so the Airflow connection
+    decides where S3 is."""
 
     def __init__(self, uri: str, hook):
         self.uri = uri.rstrip("/")
@@ -74,9 +75,6 @@ class RunFolder:
     def read_json(self, relative: str) -> dict:
         return json.loads(self.read(relative))
 
-    def config(self) -> PipelineConfig:
-        return from_json(self.read(run_folder.CONFIG_FILE).decode("utf-8"))
-
     def write(self, relative: str, data: bytes) -> None:
         uri = lake.join(self.uri, relative)
         if uri.startswith("s3://"):
@@ -100,18 +98,18 @@ class RunFolder:
             return self.hook.get_key(uri).last_modified.astimezone(timezone.utc)
         return datetime.fromtimestamp(os.path.getmtime(lake.local_path(uri)), timezone.utc)
 
-    def siblings(self) -> list[RunFolder]:
+    def siblings(self) -> list[StoredRun]:
         """The run folders of the lake, this one among them."""
         runs = posixpath.dirname(self.uri)
         if runs.startswith("s3://"):
             bucket, prefix = self.hook.parse_s3_url(runs)
             folders = self.hook.list_prefixes(bucket_name=bucket, prefix=prefix + "/", delimiter="/") or []
-            return [RunFolder(f"s3://{bucket}/{folder.rstrip('/')}", self.hook) for folder in sorted(folders)]
+            return [StoredRun(f"s3://{bucket}/{folder.rstrip('/')}", self.hook) for folder in sorted(folders)]
         local = Path(lake.local_path(runs))
-        return [RunFolder(lake.join(runs, path.name), self.hook) for path in sorted(local.iterdir()) if path.is_dir()]
+        return [StoredRun(lake.join(runs, path.name), self.hook) for path in sorted(local.iterdir()) if path.is_dir()]
 
 
-def record_files(run: RunFolder) -> list[str]:
+def record_files(run: StoredRun) -> list[str]:
     files = [
         path
         for path in run.files()
@@ -138,11 +136,11 @@ def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | No
     """Copy the run's record to S3, then the report (written last: its presence means complete);
     the run folder gets the report too (a command that uses the folder again removes it). `extra` goes
     into the report as it is (on EMR: the cluster and its steps, under "emr")."""
-    run = RunFolder(run_dir, hook)
-    config = run.config()
+    run = StoredRun(run_dir, hook)
+    config = run_folder.read_config(run.uri, run.read)
     bucket = check_bucket(hook, config.s3.bucket, "s3.bucket")
     prefix = posixpath.join(config.s3.prefix.strip("/"), run.name)
-    paths, record = record_files(run), RunFolder(f"s3://{bucket}/{prefix}", hook)
+    paths, record = record_files(run), StoredRun(f"s3://{bucket}/{prefix}", hook)
     record.remove(*run_folder.REPORTS)  # a record collected before is not whole until its new report is in
     for path in paths:
         hook.load_bytes(run.read(path), key=f"{prefix}/{path}", bucket_name=bucket, replace=True)

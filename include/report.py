@@ -19,7 +19,7 @@ GENERATION_KEYS = ("samples", "generated_tokens", "generation_s", "tokens_per_s"
 
 def build_report(run, s3_uri: str, stages: tuple[str, ...]) -> dict:
     stats = {stage: run.read_json(run_folder.stats_path(stage)) for stage in stages}
-    config = run.read_json(run_folder.CONFIG_FILE)
+    config = run_folder.read_config_data(run.uri, run.read)  # compared as written with the defaults
     train = stats["train"]
     return {
         "run": run.name,

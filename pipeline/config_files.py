@@ -1,12 +1,11 @@
 """The configuration's files and entry points: the defaults file (include/config/pipeline.yaml, or
-the one GPT_PIPELINE_CONFIG names), `load_config` (read it, apply overrides, validate), `validate`
-for data and `from_json` for a run's resolved config.json. A problem raises ConfigError naming the
-field or the file.
+the one GPT_PIPELINE_CONFIG names), `load_config` (read it, apply overrides, validate) and `validate`
+for data (a run's resolved config.json is pipeline.run_folder.read_config's). A problem raises
+ConfigError naming the field or the file.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -67,11 +66,3 @@ def load_config(path: Path | str | None = None, overrides: list[str] | dict | No
     """Read the YAML defaults, apply overrides, validate."""
     data = read_yaml(path or defaults_path())
     return validate(apply_overrides(data, overrides))
-
-
-def from_json(text: str) -> PipelineConfig:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"resolved config is not valid JSON: {error}") from None
-    return validate(data)

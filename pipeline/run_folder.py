@@ -1,4 +1,5 @@
-"""The run-folder contract: every path of a run folder, and the stages' completion markers.
+"""The run-folder contract: every path of a run folder, the stages' completion markers, and the one
+reader of the run's config.json (read_config).
 
 Every run writes under one run folder, {lake}/runs/{run_id}/; stages talk to each other only
 through it, and no other module spells its paths. Paths here are relative to the run folder
@@ -15,9 +16,11 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 
 from pipeline import lake
-from pipeline.config import PipelineConfig
+from pipeline.config import ConfigError, PipelineConfig
+from pipeline.config_files import validate
 from pipeline.errors import PipelineError
 
 RUNS_FOLDER = "runs"  # in the lake: the run folders
@@ -71,6 +74,11 @@ LOCK_FILE = ".in-use.lock"
 REMOVING = "REMOVING"
 
 
+# Reads a file of a run folder, named by its path there, as bytes: how the reading functions below
+# reach a run folder the lake cannot (Airflow's tasks read S3 through their connection, include/record.py).
+ReadFile = Callable[[str], bytes]
+
+
 class StageIncomplete(PipelineError):
     """A stage's input is missing because the stage that writes it has not completed."""
 
@@ -81,16 +89,40 @@ def runs_folder(lake_uri: str) -> str:
 
 
 def run_dir(config: PipelineConfig, run_id: str) -> str:
-    return lake.join(runs_folder(config.lake), safe_run_id(run_id))
+    """The run folder of `run_id`, a folder name already (safe_run_id's): any other is refused."""
+    if run_id != safe_run_id(run_id):
+        raise PipelineError(f"run id {run_id!r} is not a folder name: make it one with safe_run_id where it comes in")
+    return lake.join(runs_folder(config.lake), run_id)
 
 
 def safe_run_id(run_id: str) -> str:
     """The run id as a folder name: Airflow run ids hold ':' and '+', which are awkward in paths and
-    S3 keys, and a leading '.' would make a hidden folder, or with '..' the lake itself."""
+    S3 keys, and a leading '.' would make a hidden folder, or with '..' the lake itself. Applied once,
+    where a run id comes in (the DAG's form_config, the stage runner's --run-id); what follows, the
+    run folder, the EMR code's folder and the cluster's name and tags, takes the result as it is."""
     if not run_id:
         raise PipelineError("a run id must not be empty")
     safe = "".join(char if char.isalnum() or char in "-_." else "_" for char in run_id)
     return "_" + safe[1:] if safe.startswith(".") else safe
+
+
+def read_config(run: str, read: ReadFile | None = None) -> PipelineConfig:
+    """The run's resolved config, its config.json, validated: what every stage and task of the run
+    works with. Read from the lake, or with `read`."""
+    return validate(read_config_data(run, read))
+
+
+def read_config_data(run: str, read: ReadFile | None = None) -> dict:
+    """The run's config.json as written, not validated: for comparing settings with it or applying
+    overrides to it, and for run folders of other versions, whose settings may not validate now."""
+    uri = lake.join(run, CONFIG_FILE)
+    if read is None and not lake.exists(uri):
+        raise PipelineError(f"run folder {run} has no {CONFIG_FILE}: create the run first")
+    text = read(CONFIG_FILE) if read else lake.read_bytes(uri)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"resolved config {uri} is not valid JSON: {error}") from None
 
 
 def create_run(config: PipelineConfig, run_id: str) -> str:
@@ -103,7 +135,7 @@ def create_run(config: PipelineConfig, run_id: str) -> str:
     if lake.exists(config_uri):
         for report in REPORTS:  # run again, it is no longer a collected run (prune_runs)
             lake.delete(lake.join(folder, report))
-        changed = stages.changed_settings(json.loads(lake.read_text(config_uri)), json.loads(config.to_json()))
+        changed = stages.changed_settings(read_config_data(folder), json.loads(config.to_json()))
         cleared = [name for stage in stages.stale_stages(list(changed)) for name in clear_stage(folder, stage)]
         if cleared:
             settings = ", ".join(f"{path}: {old!r} -> {new!r}" for path, (old, new) in changed.items())

@@ -26,9 +26,14 @@ import yaml
 from botocore.config import Config
 
 from include import emr_checks, emr_code, emr_cost, loopback_only, wheelhouse
-from local_platform import airflow_runner, console
+from include.airflow_names import DAG_ID
+from local_platform import airflow_home, console
+from local_platform.airflow_command import Stopped
+from local_platform.command_settings import add_settings_arguments, add_verbose_argument, settings
+from local_platform.dag_test import dags_test, latest_pointer, read_report
 from local_platform.moto_s3 import REGION, LocalS3
 from local_platform.rehearsal.emr_runner import EmrRehearsalRunner, split_s3
+from local_platform.run_summary import print_report
 from pipeline import corpus_files, lake
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
@@ -71,7 +76,7 @@ class Rehearsal:
 
     def __init__(self, corpus_files: list[str], overrides: list[str], home: Path | None = None, verbose: bool = False):
         self.corpus_files, self.overrides, self.verbose = corpus_files, overrides, verbose
-        self.home = home or airflow_runner.AIRFLOW_HOME
+        self.home = home or airflow_home.AIRFLOW_HOME
         self.log = console.log_path(self.home, "rehearse")
         self.folder = Path(tempfile.mkdtemp(prefix="gpt-pipeline-rehearsal-"))
         defaults = read_yaml(DEFAULT_CONFIG_PATH)
@@ -92,9 +97,9 @@ class Rehearsal:
 
     def __enter__(self) -> Rehearsal:
         self.held = ExitStack()  # the home, then the log
-        self.held.enter_context(airflow_runner.exclusive_home(self.home, "make rehearse"))
+        self.held.enter_context(airflow_home.exclusive_home(self.home, "make rehearse"))
         try:
-            task_state = airflow_runner.task_state(self.home)
+            task_state = airflow_home.task_state(self.home)
             self.output = self.held.enter_context(console.teed(self.log, task_state, self.verbose))
             self.s3 = LocalS3(buckets=tuple(sorted(emr_checks.bucket_settings(self.config)))).__enter__()
             for path, uri in zip(self.corpus_files, self.corpus_uris, strict=True):
@@ -105,7 +110,7 @@ class Rehearsal:
             connection = self.s3.connection_env()
             step_env = {name: value for name, value in connection.items() if not name.startswith("AIRFLOW_")}
             self.runner = EmrRehearsalRunner(self.s3.client, step_env, REGION).start()
-            self.env = airflow_runner.prepare(self.home, self.s3, self.output) | {
+            self.env = airflow_home.prepare(self.home, self.s3, self.output) | {
                 "GPT_PIPELINE_CONFIG": str(self.defaults_path)
             }
         except BaseException:
@@ -114,7 +119,7 @@ class Rehearsal:
         return self
 
     def run(self) -> bool:
-        return airflow_runner.dags_test(self.env, {"overrides": self.overrides}, self.output)
+        return dags_test(self.env, {"overrides": self.overrides}, self.output)
 
     def emr_client(self):
         assert self.s3 is not None
@@ -204,19 +209,19 @@ def rehearse(corpus_files: list[str], overrides: list[str], verbose: bool = Fals
     with Rehearsal(corpus_files, overrides, verbose=verbose) as rehearsal:
         try:
             succeeded = rehearsal.run()
-        except airflow_runner.Stopped:
+        except Stopped:
             print("\ninterrupted: the rehearsal stops here", file=sys.stderr)
-            airflow_runner.fail_unfinished_runs(rehearsal.home, rehearsal.env)
+            airflow_home.fail_unfinished_runs(rehearsal.home, rehearsal.env)
             console.print_log_path(rehearsal.log)
             return 130
         rehearsal.end_clusters()
         if succeeded:
-            report = airflow_runner.read_report(rehearsal.s3, rehearsal.config)
-            airflow_runner.print_report(report, *airflow_runner.latest_pointer(rehearsal.s3, rehearsal.config))
+            report = read_report(rehearsal.s3, rehearsal.config)
+            print_report(report, *latest_pointer(rehearsal.s3, rehearsal.config))
         print_cluster(rehearsal)
         if not succeeded:
             console.print_log_path(rehearsal.log)
-            print(f"ERROR the {airflow_runner.DAG_ID} rehearsal failed; see the steps above", file=sys.stderr)
+            print(f"ERROR the {DAG_ID} rehearsal failed; see the steps above", file=sys.stderr)
             return 1
     return 0
 
@@ -252,11 +257,11 @@ def contain_or_accept_exposure(overrides: list[str], argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", help="corpus path or glob on this machine (empty: the one in pipeline.yaml)")
-    airflow_runner.add_settings_arguments(parser)
-    airflow_runner.add_verbose_argument(parser)
+    add_settings_arguments(parser)
+    add_verbose_argument(parser)
     args = parser.parse_args(argv)
     try:
-        overrides, corpus = airflow_runner.settings(args), local_corpus(args.corpus)
+        overrides, corpus = settings(args), local_corpus(args.corpus)
         if loopback_only.interfaces() != [loopback_only.LOOPBACK_INTERFACE]:
             contain_or_accept_exposure(overrides, sys.argv[1:] if argv is None else argv)
         return rehearse(corpus, overrides, args.verbose)

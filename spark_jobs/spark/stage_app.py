@@ -1,6 +1,6 @@
-"""What every stage application shares: arguments, the run folder's config, the Spark session,
-running the stage between its completion markers (pipeline.run_folder), and turning bad
-input into one clear error line and exit code 2."""
+"""What every stage application shares: arguments, the Spark session, running the stage with the
+run's config between its completion markers (pipeline.run_folder), and turning bad input into one
+clear error line and exit code 2."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from datetime import datetime, timezone
 
 from pipeline import lake, log, run_folder
 from pipeline.config import PipelineConfig, to_uri
-from pipeline.config_files import from_json
 from pipeline.errors import BAD_INPUT_EXIT, PipelineError
 from spark_jobs.spark import spark_metrics
 
@@ -40,13 +39,6 @@ def parse_args(stage: str, argv: list[str] | None = None) -> argparse.Namespace:
         help="the run folder: a local path, file:///... or s3://bucket/prefix/runs/<run_id>",
     )
     return parser.parse_args(argv)
-
-
-def load_run_config(run: str) -> PipelineConfig:
-    uri = lake.join(run, run_folder.CONFIG_FILE)
-    if not lake.exists(uri):
-        raise PipelineError(f"run folder {run} has no {run_folder.CONFIG_FILE}: create the run first")
-    return from_json(lake.read_text(uri))
 
 
 def spark_session(stage: str):
@@ -100,7 +92,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
     log.setup(stage)
     run = parse_args(stage, argv).run_dir
     try:
-        config = load_run_config(run)
+        config = run_folder.read_config(run)
         leftovers = (
             run_folder.error_path(stage),
             run_folder.progress_path(stage),

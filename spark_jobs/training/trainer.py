@@ -28,7 +28,6 @@ import psutil
 from pipeline import lake, log, run_folder
 from pipeline.config import PipelineConfig
 from pipeline.errors import PipelineError
-from spark_jobs.spark.stage_app import load_run_config
 from spark_jobs.text import embedding_tables
 from spark_jobs.text.sliding_windows import SPLITS
 from spark_jobs.training import backups, input_pipeline, memory, tensorboard_log
@@ -413,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     run = args.run_dir.rstrip("/")
     exit_code = 1
     try:
-        result = train_worker(load_run_config(run), run, args.threads)
+        result = train_worker(run_folder.read_config(run), run, args.threads)
         Path(args.result).write_text(json.dumps(result))
         exit_code = 0
     except PipelineError as error:

@@ -178,6 +178,14 @@ def test_bad_form_values_name_the_field(values, message):
         load_config(overrides=trigger_form.overrides(values))
 
 
+def test_airflows_run_id_is_made_a_folder_name_once_as_the_run_starts(dag_module, monkeypatch):
+    """Its ':' and '+' go here; the run folder, the EMR code's folder and the cluster take the result as it is."""
+    context = {"params": {}, "run_id": "manual__2026-11-22T19:54:54.5+00:00"}
+    monkeypatch.setattr(dag_module, "get_current_context", lambda: context)
+    config, run_id = dag_module.form_config()
+    assert run_id == f"{config.run_name}-manual__2026-11-22T19_54_54.5_00_00"
+
+
 @pytest.mark.parametrize("task", ["run_local_stage", "collect", "prune_runs"])
 def test_a_task_of_a_run_whose_folder_is_gone_fails_without_its_retry(dag_module, tmp_path, task):
     """keep_runs removed the folder; clearing the run's tasks in the UI must not retry them in vain."""

@@ -339,7 +339,7 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
 ):
     dag_run, states, finished = run_dag(aws)
     config = load_config(overrides=OVERRIDES)
-    run_id = f"{config.run_name}-{dag_run.run_id}"
+    run_id = run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}")
 
     assert dag_run.state == "success", states
     assert set(states.values()) == {"success"}
@@ -383,7 +383,7 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     run_dir = run_folder.run_dir(config, run_id)
     assert json.loads(s3_bytes(aws, lake.join(run_dir, run_folder.CONFIG_FILE))) == json.loads(config.to_json())
     # collect copied the record and wrote the report.
-    report = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_folder.safe_run_id(run_id)}/report.json"))
+    report = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_id}/report.json"))
     assert report["val_nats_per_char"] == TRAIN_STATS["final_val_nats_per_char"]
     assert report["sample"] == "The man starts with a song"
     # with the cluster's steps, as EMR reported them just before the cluster was terminated
@@ -392,16 +392,14 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
         (stage, "COMPLETED") for stage in STAGE_NAMES
     ]
     assert report["emr"]["cost_usd_so_far"] >= 0 and all(step["seconds"] is not None for step in report["emr"]["steps"])
-    report_md = s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_folder.safe_run_id(run_id)}/report.md").decode()
+    report_md = s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_id}/report.md").decode()
     assert (
         f"## EMR\n\nCluster {cluster['Id']} ({config.emr.release_label})" in report_md
         and "| train | COMPLETED |" in report_md
     )
     # promote pointed the run name's latest pointer at the collected model.
     pointer = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/latest/{config.run_name}.json"))
-    assert pointer["model"] == report["s3_uri"] + f"{run_folder.MODEL_FOLDER}/" and pointer[
-        "run"
-    ] == run_folder.safe_run_id(run_id)
+    assert pointer["model"] == report["s3_uri"] + f"{run_folder.MODEL_FOLDER}/" and pointer["run"] == run_id
     ((asset_uri, extra),) = asset_events(dag_run)
     assert asset_uri == f"s3://{BUCKET}/{config.s3.prefix}/latest" and extra["pointer"] == pointer
 
@@ -515,7 +513,7 @@ def test_a_retried_step_does_not_report_the_previous_trys_error_as_its_own(airfl
 
     assert dag_run.state == "success", states
     config = load_config(overrides=OVERRIDES)
-    run_dir = run_folder.run_dir(config, f"{config.run_name}-{dag_run.run_id}")
+    run_dir = run_folder.run_dir(config, run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}"))
     with pytest.raises(aws["s3"].exceptions.NoSuchKey):
         s3_bytes(aws, lake.join(run_dir, run_folder.error_path("window")))
 

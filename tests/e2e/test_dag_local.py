@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from selenium.webdriver.common.by import By
 
+from include.airflow_names import DAG_ID
 from include.report_link import REPORT_URL_KEY, RunReportLink
-from local_platform.airflow_runner import AIRFLOW, DAG_ID, prepare
+from local_platform.airflow_home import AIRFLOW, prepare
 from local_platform.moto_s3 import LocalS3
 from pipeline import lake, run_folder
 from pipeline.config import REPO_ROOT
@@ -180,7 +181,9 @@ def collected_run(local_airflow, tmp_path_factory, shakespeare):
         keys={item["Key"][len(prefix) :] for item in listed},
         read=lambda name: client.get_object(Bucket=BUCKET, Key=prefix + name)["Body"].read(),
         tmp_path=tmp_path,
-        run_dir=run_folder.run_dir(load_config(overrides=[{"lake": str(tmp_path / "lake")}]), f"e2e-{run_id}"),
+        run_dir=run_folder.run_dir(
+            load_config(overrides=[{"lake": str(tmp_path / "lake")}]), run_folder.safe_run_id(f"e2e-{run_id}")
+        ),
         s3_endpoint=s3.endpoint_url,
     )
 
@@ -257,7 +260,7 @@ def test_the_sample_continues_the_prompt_and_is_in_the_report(collected_run):
 @pytest.mark.slow
 def test_the_run_folder_keeps_the_report_and_keep_runs_removed_the_older_run(collected_run):
     config = load_config(overrides=[{"lake": str(collected_run.lake)}])
-    run = run_folder.run_dir(config, f"e2e-{collected_run.run_id}")
+    run = run_folder.run_dir(config, run_folder.safe_run_id(f"e2e-{collected_run.run_id}"))
     assert lake.read_text(lake.join(run, run_folder.REPORT_TEXT)) == collected_run.read(run_folder.REPORT_TEXT).decode()
     assert sorted(path.name for path in (collected_run.lake / run_folder.RUNS_FOLDER).iterdir()) == [
         run.rsplit("/", 1)[1]

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from include import emr_code, emr_steps, wheelhouse
-from local_platform import airflow_runner
+from local_platform.dag_test import latest_pointer, read_report
 from local_platform.rehearsal.emr_runner import split_s3
 from local_platform.rehearsal.rehearse import Rehearsal
 from pipeline import run_folder
@@ -109,7 +109,7 @@ def rehearsed(tmp_path_factory, shakespeare):
         killer.stop.set()
         rehearsal.end_clusters()
         (cluster,) = rehearsal.clusters()
-        report = airflow_runner.read_report(rehearsal.s3, rehearsal.config) if succeeded else {}
+        report = read_report(rehearsal.s3, rehearsal.config) if succeeded else {}
         run = report.get("run_folder", "")
         found = {
             "succeeded": succeeded,
@@ -118,7 +118,7 @@ def rehearsed(tmp_path_factory, shakespeare):
             "cluster": cluster,
             "steps": rehearsal.steps(cluster["Id"]),
             "report": report,
-            "pointer": airflow_runner.latest_pointer(rehearsal.s3, rehearsal.config)[1] if succeeded else {},
+            "pointer": latest_pointer(rehearsal.s3, rehearsal.config)[1] if succeeded else {},
             "run": objects(rehearsal, run) if run else {},
             "run_prefix": split_s3(run)[1].rstrip("/") if run else "",
             "killed": killer.killed,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pipeline.config_files import load_config
 
 EMR_TARGET = ["target=emr", "lake=s3://test-lake/pipeline"]
-RUN_ID = "tinyshakespeare-manual__2026-11-22T08:00:00+00:00"
+# As the DAG passes it: Airflow's run id made a folder name once, by form_config (run_folder.safe_run_id).
+RUN_ID = "tinyshakespeare-manual__2026-11-22T08_00_00_00_00"
 
 
 def emr_config(*overrides: str):

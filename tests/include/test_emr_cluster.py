@@ -8,7 +8,6 @@ import pytest
 from botocore.validate import validate_parameters
 
 from include import emr_cluster, emr_code, emr_cost, emr_steps, emr_tasks
-from pipeline import run_folder
 from pipeline.config import ConfigError
 from pipeline.config_files import load_config
 from tests.include.emr_configs import RUN_ID, emr_config
@@ -42,12 +41,13 @@ def test_cluster_request_follows_config():
     assert request["LogUri"] == config.emr.log_uri
     assert (request["JobFlowRole"], request["ServiceRole"]) == (config.emr.job_flow_role, config.emr.service_role)
     code = emr_code.code_uri(config, RUN_ID)
-    assert code == f"s3://gpt-pipeline/code/{run_folder.safe_run_id(RUN_ID)}"
+    assert code == f"s3://gpt-pipeline/code/{RUN_ID}"
+    assert request["Name"] == f"gpt-pipeline-{RUN_ID}"
     (bootstrap,) = request["BootstrapActions"]
     assert bootstrap["ScriptBootstrapAction"]["Path"] == f"{code}/bootstrap.sh"
     assert bootstrap["ScriptBootstrapAction"]["Args"][0] == code
     tags = {tag["Key"]: tag["Value"] for tag in request["Tags"]}
-    assert tags == {**config.emr.tags, "run_id": run_folder.safe_run_id(RUN_ID)}
+    assert tags == {**config.emr.tags, "run_id": RUN_ID}
     assert "${" not in repr(request)
 
 

@@ -36,7 +36,7 @@ class FakeEmr:
         return {"Cluster": {"Status": {"State": "WAITING"}}}
 
 
-class FakeRunFolder:
+class FakeStoredRun:
     def __init__(self):
         self.removed: list[str] = []
 
@@ -72,8 +72,8 @@ def test_a_stage_task_adds_a_step_only_when_its_try_has_none_to_wait_on(steps, t
         job_flow_id="j-1",
     )
     sensor.__dict__["hook"] = cluster = FakeEmr(steps)  # in place of the cached EmrHook
-    run = FakeRunFolder()
-    sensor.run_folder = lambda: run
+    run = FakeStoredRun()
+    sensor.stored_run = lambda: run
     assert sensor.current_step(emr_tasks.step_name("window", try_number)) == waits_on
     assert cluster.added == ([adds] if adds else [])
     assert run.removed == (

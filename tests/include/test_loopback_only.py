@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from include import emr_steps, local_spark, loopback_only, preflight
-from local_platform import airflow_runner, stage_runner
+from local_platform import airflow_home, airflow_runner, stage_runner, standalone
 from local_platform.moto_s3 import LocalS3
 from pipeline.config_files import load_config
 from pipeline.errors import PipelineError
@@ -162,10 +162,10 @@ def test_the_moto_server_listens_on_loopback():
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::"])
 def test_make_airflow_refuses_an_api_server_beyond_loopback(host, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
+    monkeypatch.setattr(airflow_home, "AIRFLOW_HOME", tmp_path / "home")
     monkeypatch.setenv("AIRFLOW__API__HOST", host)
     assert airflow_runner.main(["ui"]) == 2
     assert f"ERROR AIRFLOW__API__HOST={host} is not a loopback address" in capsys.readouterr().err
     assert not (tmp_path / "home").exists(), "Airflow was prepared"
     for loopback in ("127.0.0.1", "localhost", "::1"):
-        airflow_runner.check_loopback(loopback)
+        standalone.check_loopback(loopback)

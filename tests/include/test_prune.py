@@ -12,7 +12,7 @@ import pytest
 
 from include.promote import promote_record
 from include.prune import remove_old_runs
-from include.record import RunFolder, collect_record
+from include.record import StoredRun, collect_record
 from pipeline import lake, run_folder
 from pipeline.config_files import load_config
 from pipeline.stages import STAGE_NAMES
@@ -45,9 +45,9 @@ def test_keep_runs_removes_the_oldest_collected_runs_of_the_run_name(s3, hook, t
         collect_record(run_dir, hook, STAGE_NAMES)
 
     assert remove_old_runs(books[2], hook) == [books[0]]
-    written = RunFolder(books[1], hook).modified(run_folder.REPORT_JSON)  # what stands in for an older report's time
+    written = StoredRun(books[1], hook).modified(run_folder.REPORT_JSON)  # what stands in for an older report's time
     assert abs((datetime.now(timezone.utc) - written).total_seconds()) < 60
-    left = [folder.uri for folder in RunFolder(books[2], hook).siblings()]
+    left = [folder.uri for folder in StoredRun(books[2], hook).siblings()]
     assert left == sorted([*books[1:], sonnets, other_corpus, unfinished, without_setting])
     assert record(s3, "books-0")[f"{run_folder.MODEL_FOLDER}/{run_folder.MODEL_FILE}"] == b"\x00model bytes\xff", (
         "the record on S3 stays"
@@ -79,26 +79,26 @@ def test_a_run_folder_half_removed_does_not_look_collected_and_the_next_prune_fi
     for run_dir in (old, new):
         finished_run(s3, run_dir, run_files(config.to_json()))
         collect_record(run_dir, hook, STAGE_NAMES)
-    remove = RunFolder.remove
+    remove = StoredRun.remove
 
-    def fail_on_the_data(folder: RunFolder, *paths: str) -> None:
+    def fail_on_the_data(folder: StoredRun, *paths: str) -> None:
         if f"{run_folder.TOKENS_FOLDER}/part-0.parquet" in paths:
             raise OSError("the disk went away")
         remove(folder, *paths)
 
-    monkeypatch.setattr(RunFolder, "remove", fail_on_the_data)
+    monkeypatch.setattr(StoredRun, "remove", fail_on_the_data)
     with pytest.raises(OSError, match="went away"):
         remove_old_runs(new, hook)
-    left = RunFolder(old, hook)
+    left = StoredRun(old, hook)
     assert (
         left.has(f"{run_folder.TOKENS_FOLDER}/part-0.parquet")
         and left.has(run_folder.REMOVING)
         and not left.has(run_folder.REPORT_JSON)
     )
     assert not left.has(run_folder.stats_path("train")), "no stage of it looks complete either"
-    monkeypatch.setattr(RunFolder, "remove", remove)
+    monkeypatch.setattr(StoredRun, "remove", remove)
     assert remove_old_runs(new, hook) == [old], "the next prune finishes it"
-    assert [folder.uri for folder in RunFolder(new, hook).siblings()] == [new]
+    assert [folder.uri for folder in StoredRun(new, hook).siblings()] == [new]
     assert left.files() == []
 
 
@@ -147,7 +147,7 @@ def test_reports_of_an_older_version_are_ordered_by_their_files_time(s3, hook, t
         finished_run(s3, run_dir, run_files(config.to_json()))
         collect_record(run_dir, hook, STAGE_NAMES)
         if days_ago:
-            report = RunFolder(run_dir, hook).read_json(run_folder.REPORT_JSON)
+            report = StoredRun(run_dir, hook).read_json(run_folder.REPORT_JSON)
             del report["collected_at"]
             path = Path(lake.local_path(lake.join(run_dir, run_folder.REPORT_JSON)))
             path.write_text(json.dumps(report))

@@ -84,7 +84,7 @@ def test_a_run_folder_that_cannot_take_the_report_still_gets_a_whole_record(s3, 
     def refuse(self, relative, data):
         raise PermissionError(f"cannot write {relative}")
 
-    monkeypatch.setattr(record_module.RunFolder, "write", refuse)
+    monkeypatch.setattr(record_module.StoredRun, "write", refuse)
     report = collect_record(run_dir, hook, STAGE_NAMES)
     assert (
         set(record(s3, "read-only")) >= {run_folder.REPORT_JSON, run_folder.REPORT_TEXT}
@@ -113,7 +113,7 @@ def test_a_missing_bucket_is_named(s3, hook, tmp_path):
 
 @pytest.mark.parametrize("prefix", ["", "/", "records/2026"])
 def test_make_run_reads_the_report_collect_wrote_whatever_the_prefix(s3, hook, tmp_path, prefix):
-    from local_platform.airflow_runner import read_report
+    from local_platform.dag_test import read_report
 
     bucket = f"prefix-{len(prefix)}"
     s3.client().create_bucket(Bucket=bucket)

@@ -22,7 +22,7 @@ from pipeline.errors import PipelineError
 
 CODE_BUCKET, LAKE_BUCKET = "gpt-pipeline", "test-lake"
 EMR_TARGET = ["target=emr", f"lake=s3://{LAKE_BUCKET}/pipeline"]
-RUN_ID = "tinyshakespeare-manual__2026-11-25T08:00:00+00:00"
+RUN_ID = "tinyshakespeare-manual__2026-11-25T08_00_00_00_00"  # as the DAG passes it (run_folder.safe_run_id)
 # tinya needs tinyb: the bootstrap must install both from the wheelhouse.
 PACKAGES = {"tinya": ["tinyb==1.0"], "tinyb": []}
 STUBS = {

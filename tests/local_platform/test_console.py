@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from local_platform import airflow_runner, console
+from local_platform import console, run_summary
+from local_platform.airflow_command import run_stoppable
+from local_platform.airflow_home import airflow_env
 from local_platform.moto_s3 import LocalS3
 
 TRANSCRIPT = Path(__file__).with_name("dags_test_failed.txt")
@@ -166,9 +168,9 @@ def test_airflows_output_reaches_the_output_line_by_line_through_the_pipe(tmp_pa
     it, none to this command's."""
     lines: list[str] = []
     with LocalS3() as s3:
-        env = airflow_runner.airflow_env(tmp_path / "home", s3)
+        env = airflow_env(tmp_path / "home", s3)
         (tmp_path / "home" / "tmp").mkdir(parents=True)
-        assert airflow_runner.run_stoppable(env, "no-such-command", grace_s=5, output=lines.append) != 0
+        assert run_stoppable(env, "no-such-command", grace_s=5, output=lines.append) != 0
     assert any("invalid choice: 'no-such-command'" in line for line in lines), lines  # argparse's, on stderr
     assert all(line.endswith("\n") for line in lines)
     assert capfd.readouterr() == ("", "")
@@ -196,5 +198,5 @@ def test_the_run_summary_prints_the_sample_with_control_characters_as_escapes(ca
         "warnings": [],
         "sample": f"{HOSTILE}\nJULIET: ay me",
     }
-    airflow_runner.print_report(report, "s3://b/runs/latest/r.json", {"model": "s3://b/runs/r/model/"})
+    run_summary.print_report(report, "s3://b/runs/latest/r.json", {"model": "s3://b/runs/r/model/"})
     assert capsys.readouterr().out.endswith(f"generated sample:\n{HARMLESS}\nJULIET: ay me\n")

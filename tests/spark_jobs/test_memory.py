@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from include import emr_steps, emr_tasks
-from local_platform import airflow_runner
+from local_platform import airflow_home, airflow_runner
 from pipeline.config import ConfigError
 from pipeline.config_files import load_config
 from spark_jobs.training import memory
@@ -100,7 +100,7 @@ def test_a_containers_memory_limit_counts_when_it_is_lower(tmp_path):
 
 
 def test_make_run_refuses_a_model_too_big_for_this_machine_before_airflow_starts(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
+    monkeypatch.setattr(airflow_home, "AIRFLOW_HOME", tmp_path / "home")
     # A batch per worker whose attention scores alone outgrow any machine this runs on.
     too_big = ["--set", "train.batch_size=200000", "--set", "model.n_layer=64"]
     assert airflow_runner.main(["run", *too_big]) == 2
