@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import yaml
 
 from pipeline.config import REPO_ROOT
@@ -119,6 +120,7 @@ def test_the_emr_dag_parses_and_builds_its_cluster_and_steps_without_spark_or_te
     )
 
 
+@pytest.mark.airflow
 def test_the_emr_dag_runs_on_moto_without_spark_or_tensorflow(tmp_path):
     """The whole run as tests/dags/test_dag_emr.py runs it on moto: validate_config uploading the
     run, the cluster, every stage's step, collect's report with the cluster's steps, promote,
