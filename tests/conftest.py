@@ -36,6 +36,11 @@ os.environ.update(
     }
 )
 
+from tests.subprocess_env import drop_outer_command  # noqa: E402
+
+# `make test ARGS=…` (or CORPUS, SET, PYTEST_ADDOPTS…) reaches no process a test starts.
+drop_outer_command(os.environ)
+
 from pipeline import run_folder  # noqa: E402
 from pipeline.config import SHARED_CORPUS, PipelineConfig  # noqa: E402
 from pipeline.config_files import load_config  # noqa: E402
