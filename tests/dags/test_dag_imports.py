@@ -133,6 +133,6 @@ def test_the_emr_dag_runs_on_moto_without_spark_or_tensorflow(tmp_path):
         exit_code = pytest.main(["-p", "no:cacheprovider", "-q", {EMR_RUN_TEST!r}])
         assert exit_code == 0, f"pytest exit code {{exit_code}}"
         """,
-        timeout_s=600,
+        timeout_s=480,  # below the test's time-out, so that the nested run's output is what fails it
     )
     assert "1 passed" in output, output

@@ -19,7 +19,8 @@ from pipeline import lake, run_folder
 from tests.listening import Listening, interfaces, listening_sockets, machine_addresses
 from tests.spark_jobs.test_train import fresh_run, prepared  # noqa: F401 (the fixture)
 
-pytestmark = pytest.mark.slow
+# `prepared` (four spark-submit stages) and a two-worker training, without a limit of its own.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def reachable_from_the_network(port: int, addresses: list[str]) -> list[str]:

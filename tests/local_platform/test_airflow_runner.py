@@ -289,6 +289,7 @@ def stop_command(process: subprocess.Popen, how: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # waits up to 600 s for a stage to start, then 150 s for the command to end
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_ctrl_c_stops_the_run_with_its_spark_processes_and_marks_it_failed(tmp_path, shakespeare_slice, how):
     log = tmp_path / "make-run.log"
@@ -310,6 +311,7 @@ def test_ctrl_c_stops_the_run_with_its_spark_processes_and_marks_it_failed(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # waits up to 600 s for a stage to start, then migrates Airflow's database
 @pytest.mark.parametrize("dag_serialized", [True, False], ids=["dag", "dag-gone"])
 def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(
     tmp_path, shakespeare_slice, dag_serialized
@@ -367,6 +369,7 @@ def trigger(home: Path, conf: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # up to 600 s to trigger, 600 s for a stage to start, then the shutdown's grace
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_make_airflow_stops_with_a_task_running_and_leaves_no_process(tmp_path, shakespeare_slice, how):
     """Airflow's scheduler waits forever in its LocalExecutor's shutdown when stopped during a task
@@ -454,6 +457,7 @@ def test_airflow_reaches_the_local_s3_whatever_aws_profile_or_proxy_this_machine
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # a whole DAG run, as tests/e2e/test_dag_local.py's, with no limit of its own
 def test_make_run_runs_the_dag_and_prints_where_the_outputs_are(tmp_path, shakespeare_slice, monkeypatch, capfd):
     """The README's first command (its Python part), on a slice and small settings."""
     from tests.e2e.test_dag_local import SMALL_RUN
