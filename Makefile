@@ -20,13 +20,14 @@ override CORPUS := $(value CORPUS)
 override SET := $(value SET)
 export CORPUS SET
 
-.PHONY: help run rehearse airflow tensorboard wheelhouse test venv browser lock clean
+.PHONY: help run rehearse airflow tensorboard wheelhouse check test venv browser lock clean
 .DEFAULT_GOAL := help
 
 help:
 	@echo "make run      the whole pipeline (the Airflow DAG) on this machine; CORPUS='...' SET='section.key=value ...' VERBOSE=1"
 	@echo "make rehearse the DAG with target emr on this machine: moto's EMR and S3, a Spark standalone cluster (docs/rehearsal.md)"
-	@echo "make test     the test suite"
+	@echo "make check    ruff, then the tests that start no Spark, TensorFlow, Airflow or pip: minutes (docs/testing.md); ARGS='tests/... -k ...'"
+	@echo "make test     the test suite: make check, then the rest (Spark, TensorFlow, Airflow, pip, end to end)"
 	@echo "make airflow  Airflow with its UI on http://127.0.0.1:8080, to trigger and watch runs"
 	@echo "make tensorboard  TensorBoard on http://127.0.0.1:6006 for every run in lake/runs, or RUN=lake/runs/<run id>"
 	@echo "make wheelhouse the EMR nodes' Python wheels, built with pip download and uploaded to emr.code_prefix (docs/emr.md); ARGS='--no-upload ...'"
@@ -73,8 +74,16 @@ browser:
 	  echo "apt-get install chromium chromium-driver (for the UI test)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; }
 
-test: venv browser
-	$(BIN)/python -m pytest $(ARGS)
+# The inner loop: lint, format, and the tests marked none of slow, spark, tensorflow, airflow, pip
+# (tests/layers.py). ARGS narrows it: a file, -k, -x, another -m.
+check: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest --part check $(ARGS)
+
+# check first, so that a lint error or a broken unit shows in minutes; then the rest of the suite.
+test: check browser
+	$(BIN)/python -m pytest --part rest $(ARGS)
 
 # Re-pin requirements.txt from requirements.in in a scratch environment.
 lock:

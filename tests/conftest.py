@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# The suite's parts (make check, make test) and the guard that a test starts only what it is marked for.
+pytest_plugins = ("tests.layers",)
+
 # Airflow reads its home and database when first imported: give the test session its own.
 AIRFLOW_HOME = tempfile.mkdtemp(prefix="gpt-pipeline-test-airflow-")
 atexit.register(shutil.rmtree, AIRFLOW_HOME, ignore_errors=True)
@@ -32,6 +35,11 @@ os.environ.update(
         "AWS_ENDPOINT_URL": "http://127.0.0.1:1",
     }
 )
+
+from tests.subprocess_env import drop_outer_command  # noqa: E402
+
+# `make test ARGS=…` (or CORPUS, SET, PYTEST_ADDOPTS…) reaches no process a test starts.
+drop_outer_command(os.environ)
 
 from pipeline import run_folder  # noqa: E402
 from pipeline.config import SHARED_CORPUS, PipelineConfig  # noqa: E402

@@ -14,6 +14,7 @@ from pathlib import Path
 
 LISTEN = "0A"
 SIOCGIFADDR = 0x8915
+IF_INET6 = Path("/proc/net/if_inet6")  # this machine's IPv6 addresses
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ def interfaces(pid: int | None = None) -> list[str]:
 
 def machine_addresses() -> list[str]:
     """This machine's own addresses other than loopback (IPv4, and global IPv6): a port reachable
-    through one of them is reachable from the network."""
+    through one of them is reachable from the network. Fails on a machine that has none: there, a
+    check that nothing answers through them would pass without trying a single connection."""
     found = []
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as handle:
         for _, name in socket.if_nameindex():
@@ -84,11 +86,15 @@ def machine_addresses() -> list[str]:
                 if not ipaddress.ip_address(address).is_loopback:
                     found.append(address)
     with contextlib.suppress(OSError):
-        for row in Path("/proc/net/if_inet6").read_text().splitlines():
+        for row in IF_INET6.read_text().splitlines():
             hex_address, scope = row.split()[0], row.split()[3]
             address = ipaddress.ip_address(bytes.fromhex(hex_address))
             if scope == "00" and not address.is_loopback:  # global scope (link-local needs an interface)
                 found.append(str(address))
+    assert found, (
+        "this machine has no network address but loopback, so nothing can show that a port stays off the "
+        "network: run this test on a machine with a network interface"
+    )
     return found
 
 

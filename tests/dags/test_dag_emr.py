@@ -192,9 +192,24 @@ class Cluster(threading.Thread):
         self.slow_train, self.train_started, self.ends_with, self.ends_after = slow_train, None, ends_with, ends_after
         self.finished: list[str] = []
         self.stop = threading.Event()
+        self.error: BaseException | None = None
 
     def run(self) -> None:
-        backend = emr_backends[DEFAULT_ACCOUNT_ID][REGION]
+        """Plays the cluster. Should that fail, it ends every cluster from then on, so that the DAG's
+        sensors fail at their next poke instead of waiting on steps no one finishes, and `__exit__`
+        raises the error once the run is over."""
+        try:
+            self.play()
+        except BaseException as error:
+            self.error = error
+            while not self.stop.is_set():
+                for cluster in list(emr_backend().clusters.values()):
+                    if cluster.state not in ("TERMINATED", "TERMINATED_WITH_ERRORS"):
+                        self.end(cluster, f"the test's cluster thread failed: {error!r}")
+                time.sleep(0.05)
+
+    def play(self) -> None:
+        backend = emr_backend()
         while not self.stop.is_set():
             for cluster in list(backend.clusters.values()):
                 self.start_up(cluster)
@@ -275,6 +290,8 @@ class Cluster(threading.Thread):
     def __exit__(self, *exc):
         self.stop.set()
         self.join()
+        if self.error is not None:
+            raise self.error
 
 
 def run_dag(
@@ -402,6 +419,19 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     assert pointer["model"] == report["s3_uri"] + f"{run_folder.MODEL_FOLDER}/" and pointer["run"] == run_id
     ((asset_uri, extra),) = asset_events(dag_run)
     assert asset_uri == f"s3://{BUCKET}/{config.s3.prefix}/latest" and extra["pointer"] == pointer
+
+
+def test_an_error_in_the_thread_playing_the_cluster_ends_the_run_and_fails_the_test(airflow_db, aws, monkeypatch):
+    """The test's own helper: the thread's error is raised as soon as the run is over, and the run
+    is over at once, rather than the DAG waiting on steps no one finishes until the test times out."""
+
+    def broken(self, step):
+        raise RuntimeError("the played cluster broke")
+
+    monkeypatch.setattr(Cluster, "finish", broken)
+    with pytest.raises(RuntimeError, match="the played cluster broke"):
+        run_dag(aws)
+    assert only_cluster(aws)["Status"]["State"] in ("TERMINATED", "TERMINATED_WITH_ERRORS")
 
 
 def test_promote_if_better_is_skipped_when_latest_points_at_a_better_model(airflow_db, aws, emr_defaults):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import yaml
 
 from pipeline.config import REPO_ROOT
@@ -119,6 +120,7 @@ def test_the_emr_dag_parses_and_builds_its_cluster_and_steps_without_spark_or_te
     )
 
 
+@pytest.mark.airflow
 def test_the_emr_dag_runs_on_moto_without_spark_or_tensorflow(tmp_path):
     """The whole run as tests/dags/test_dag_emr.py runs it on moto: validate_config uploading the
     run, the cluster, every stage's step, collect's report with the cluster's steps, promote,
@@ -131,6 +133,6 @@ def test_the_emr_dag_runs_on_moto_without_spark_or_tensorflow(tmp_path):
         exit_code = pytest.main(["-p", "no:cacheprovider", "-q", {EMR_RUN_TEST!r}])
         assert exit_code == 0, f"pytest exit code {{exit_code}}"
         """,
-        timeout_s=600,
+        timeout_s=480,  # below the test's time-out, so that the nested run's output is what fails it
     )
     assert "1 passed" in output, output

@@ -19,13 +19,14 @@ from pipeline import lake, run_folder
 from tests.listening import Listening, interfaces, listening_sockets, machine_addresses
 from tests.spark_jobs.test_train import fresh_run, prepared  # noqa: F401 (the fixture)
 
-pytestmark = pytest.mark.slow
+# `prepared` (four spark-submit stages) and a two-worker training, without a limit of its own.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
-def reachable_from_the_network(port: int) -> list[str]:
-    """This machine's own network addresses through which `port` accepts a connection."""
+def reachable_from_the_network(port: int, addresses: list[str]) -> list[str]:
+    """Those of this machine's own network `addresses` through which `port` accepts a connection."""
     answered = []
-    for address in machine_addresses():
+    for address in addresses:
         try:
             with socket.create_connection((address, port), timeout=2):
                 answered.append(address)
@@ -45,6 +46,7 @@ def test_a_local_training_run_listens_on_loopback_only(prepared, tmp_path, monke
         except BaseException as error:
             failure.append(error)
 
+    addresses = machine_addresses()  # fails on a machine with none, where no connection would be tried
     here = os.readlink("/proc/self/ns/net")
     seen: dict[tuple, Listening] = {}  # (pid, address, port) -> the socket
     answered: dict[tuple, list[str]] = {}  # the same -> addresses of this machine it answered through
@@ -60,7 +62,7 @@ def test_a_local_training_run_listens_on_loopback_only(prepared, tmp_path, monke
                     seen[key] = entry
                     with contextlib.suppress(psutil.Error):
                         commands.setdefault(entry.pid, " ".join(process.cmdline()))
-                    answered[key] = reachable_from_the_network(entry.port)
+                    answered[key] = reachable_from_the_network(entry.port, addresses)
                     if entry.netns != here:
                         namespaces.setdefault(entry.netns, interfaces(entry.pid))
         time.sleep(0.2)
@@ -69,7 +71,7 @@ def test_a_local_training_run_listens_on_loopback_only(prepared, tmp_path, monke
 
     summary = sorted(f"{entry.name}[{entry.pid}] {entry.address}:{entry.port} {entry.netns}" for entry in seen.values())
     print("\nlistening during training:\n  " + "\n  ".join(summary))
-    print(f"other network namespaces: {namespaces}; this machine's addresses: {machine_addresses()}")
+    print(f"other network namespaces: {namespaces}; this machine's addresses: {addresses}")
     # The JVM (driver RPC, block manager, UI), pyspark's daemons and both TensorFlow workers were seen.
     assert {entry.name for entry in seen.values()} >= {"java", "python"}, summary
     workers = [entry for entry in seen.values() if "spark_jobs.training.trainer" in commands.get(entry.pid, "")]

@@ -19,7 +19,9 @@ from spark_jobs.text import corpus
 from spark_jobs.text.embedding_tables import sinusoidal
 from tests.conftest import new_run, small_config
 
-pytestmark = pytest.mark.slow
+# The module's first test runs the four preprocessing applications (`preprocessed`), each a
+# spark-submit, which on a loaded machine take minutes the first time (their class archives).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def formula(n: int, block_size: int, stride: int) -> int:

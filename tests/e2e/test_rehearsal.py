@@ -30,7 +30,10 @@ from pipeline.stages import STAGE_NAMES
 from spark_jobs.generate import load_model
 from tests.conftest import SMALL_DATA
 
-pytestmark = pytest.mark.slow
+# The module's first test runs the rehearsal (`rehearsed`): 174 s on 2 cores (docs/rehearsal.md),
+# several times that on a loaded machine whose stages first record their JVM class archives; the
+# DAG run has no limit of its own.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 SMALL = [
     *SMALL_DATA,

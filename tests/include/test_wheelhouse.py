@@ -20,6 +20,8 @@ from pipeline import run_folder
 from pipeline.config_files import load_config
 from pipeline.errors import PipelineError
 
+pytestmark = pytest.mark.pip  # most of them build wheels or a virtual environment with pip
+
 CODE_BUCKET, LAKE_BUCKET = "gpt-pipeline", "test-lake"
 EMR_TARGET = ["target=emr", f"lake=s3://{LAKE_BUCKET}/pipeline"]
 RUN_ID = "tinyshakespeare-manual__2026-11-25T08_00_00_00_00"  # as the DAG passes it (run_folder.safe_run_id)

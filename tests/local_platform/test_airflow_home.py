@@ -46,6 +46,7 @@ def test_a_second_command_is_refused_while_another_holds_the_home(tmp_path, monk
         assert (tmp_path / "in-use.lock").read_text().startswith("`make run` (pid ")
 
 
+@pytest.mark.timeout(900)  # waits up to 600 s for a stage to start, then migrates Airflow's database
 @pytest.mark.slow
 @pytest.mark.parametrize("dag_serialized", [True, False], ids=["dag", "dag-gone"])
 def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(

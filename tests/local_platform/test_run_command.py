@@ -22,6 +22,7 @@ from tests.local_platform.airflow_commands import (
 )
 
 
+@pytest.mark.timeout(900)  # waits up to 600 s for a stage to start, then 150 s for the command to end
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_ctrl_c_stops_the_run_with_its_spark_processes_and_marks_it_failed(tmp_path, shakespeare_slice, how):
@@ -43,6 +44,7 @@ def test_ctrl_c_stops_the_run_with_its_spark_processes_and_marks_it_failed(tmp_p
     assert run_states(tmp_path / "home") == ["failed"]
 
 
+@pytest.mark.timeout(1200)  # a whole DAG run, as tests/e2e/test_dag_local.py's, with no limit of its own
 @pytest.mark.slow
 def test_make_run_runs_the_dag_and_prints_where_the_outputs_are(tmp_path, shakespeare_slice, monkeypatch, capfd):
     """The README's first command (its Python part), on a slice and small settings."""

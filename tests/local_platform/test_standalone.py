@@ -76,6 +76,7 @@ def trigger(home: Path, conf: dict) -> None:
         time.sleep(5)
 
 
+@pytest.mark.timeout(1500)  # up to 600 s to trigger, 600 s for a stage to start, then the shutdown's grace
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_make_airflow_stops_with_a_task_running_and_leaves_no_process(tmp_path, shakespeare_slice, how):

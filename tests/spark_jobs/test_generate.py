@@ -27,6 +27,10 @@ from spark_jobs.text import bpe
 from spark_jobs.training import tensorboard_log
 from tests.spark_jobs.tensorboard_events import read_events
 
+# Most of them XLA-compile the decoder's generation loop (10 to 30 s a test), some run the command
+# line in a TensorFlow process of its own.
+pytestmark = pytest.mark.tensorflow
+
 
 def settings(**overrides) -> GenerateConfig:
     return load_config().generate.model_copy(update=overrides)

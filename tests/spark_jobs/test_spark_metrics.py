@@ -88,7 +88,8 @@ def submit(folder: Path, master: str) -> dict:
     conf = [option for key, value in settings.items() for option in ("--conf", f"{key}={value}")]
     argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", master, *conf]
     env = spark_env() | {"PYTHONPATH": str(REPO_ROOT)}
-    subprocess.run([*argv, metrics_stage.__file__, "--run-dir", run], env=env, check=True, timeout=600)
+    # A small application: its limit leaves the test's time-out room to report it.
+    subprocess.run([*argv, metrics_stage.__file__, "--run-dir", run], env=env, check=True, timeout=300)
     return {"run": run, "stats": lake.read_json(run_folder.stats_uri(run, metrics_stage.STAGE))}
 
 

@@ -36,7 +36,9 @@ from spark_jobs.training.trainer import build_optimizer
 from tests.conftest import small_config
 from tests.spark_jobs.tensorboard_events import read_events
 
-pytestmark = pytest.mark.slow
+# A module's first test also runs `prepared` (four spark-submit stages); the killed worker's test
+# then waits up to 240 + 400 s on its own for a training of 600 steps and its retry.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 TINY_TRAINING = [
     "model.n_layer=1",
