@@ -4,6 +4,7 @@ inactive outlet fails promote with AirflowInactiveAssetInInletOrOutletException.
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
 from airflow.models.asset import AssetActive
@@ -13,6 +14,8 @@ from include.airflow_names import DAG_ID
 from pipeline.config import REPO_ROOT
 from pipeline.config_files import DEFAULT_CONFIG_PATH, read_yaml
 from pipeline.overrides import apply_overrides
+
+pytestmark = pytest.mark.airflow  # a reset Airflow database
 
 
 def parse_into_db(tmp_path, monkeypatch, bucket: str):
