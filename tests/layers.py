@@ -106,6 +106,8 @@ class Guard:
         self.watch_jvms = self.watch_database = False
 
     def arm(self, item: pytest.Item) -> None:
+        # Made again if gone: a cleaner of /tmp (a test's, a person's) may have removed it meanwhile.
+        JVM_TRACES.mkdir(parents=True, exist_ok=True)
         for trace in JVM_TRACES.iterdir():
             trace.unlink()
         self.database = database_state()
@@ -121,7 +123,7 @@ class Guard:
         else:
             os.environ["JAVA_TOOL_OPTIONS"] = self.java_options
         found = []
-        jvms = len(list(JVM_TRACES.iterdir()))
+        jvms = len(list(JVM_TRACES.iterdir())) if JVM_TRACES.is_dir() else 0
         if self.watch_jvms and jvms:
             found.append(f"it started {jvms} JVM(s) (Spark) but is not marked spark")
         if self.watch_database and database_state() != self.database:
