@@ -230,6 +230,7 @@ class EmrConfig(_Section):
     master_instance_type: str
     core_instance_type: str
     core_instance_count: int = Field(ge=1)
+    max_core_instances: int = Field(ge=1)
     core_spot: bool
     core_ebs_gb: int | None = Field(default=None, ge=1, le=16384)
     subnet_id: str | None = Field(default=None, pattern=r"^subnet-[0-9a-f]{8,17}$")
@@ -239,7 +240,7 @@ class EmrConfig(_Section):
     code_prefix: str = Field(pattern=r"^s3://")
     job_flow_role: str
     service_role: str
-    idle_timeout_minutes: int = Field(ge=1, le=10080)
+    idle_timeout_minutes: int = Field(ge=1, le=120)
     startup_timeout_minutes: int = Field(ge=1, le=1440)
     max_cost_usd: float | None = Field(default=None, gt=0)
     tags: dict[str, str] = {}
@@ -252,6 +253,16 @@ class EmrConfig(_Section):
     @classmethod
     def _s3_uri(cls, value: str) -> str:
         return to_uri(value)
+
+    @model_validator(mode="after")
+    def _core_instances_capped(self) -> EmrConfig:
+        if self.core_instance_count > self.max_core_instances:
+            raise ValueError(
+                f"emr.core_instance_count ({self.core_instance_count}) exceeds emr.max_core_instances "
+                f"({self.max_core_instances}), the deployment's cap on core nodes: lower emr.core_instance_count, "
+                "or raise emr.max_core_instances in pipeline.yaml"
+            )
+        return self
 
     def shortest_idle_timeout_minutes(self) -> int:
         """Between two steps the cluster idles for up to a poke interval plus Airflow's scheduling

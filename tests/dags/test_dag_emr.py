@@ -715,6 +715,38 @@ def test_an_account_setting_that_cannot_work_fails_before_any_cluster_exists(
 
 
 @pytest.mark.parametrize(
+    "deployment, form, message",
+    [
+        ({"emr": {"max_cost_usd": None}}, None, "ConfigError: emr.max_cost_usd: target emr needs a budget"),
+        (
+            {},
+            {"overrides": ["emr.core_instance_count=100"]},
+            "emr.core_instance_count (100) exceeds emr.max_core_instances (10)",
+        ),
+        (
+            {},
+            {"overrides": ["emr.max_core_instances=200"]},
+            "ConfigError: emr.max_core_instances: this DAG's emr.max_core_instances is 10",
+        ),
+        (
+            {},
+            {"overrides": ["emr.idle_timeout_minutes=10080"]},
+            "emr.idle_timeout_minutes: Input should be less than or equal to 120",
+        ),
+    ],
+    ids=["no-budget", "100-core-nodes", "raised-cap", "7-day-idle-timeout"],
+)
+def test_a_run_over_a_bound_of_its_bill_fails_before_any_cluster_exists(
+    airflow_db, aws, emr_defaults, capfd, run_job_flow_requests, deployment, form, message
+):
+    emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), deployment)))
+    dag_run, states, finished = run_dag(aws, form=form)
+
+    assert message in "".join(capfd.readouterr())
+    assert states["validate_config"] == "failed" and run_job_flow_requests == []
+
+
+@pytest.mark.parametrize(
     "body, problem",
     [
         ("Café".encode("cp1252") * 10, "is not UTF-8 text (byte 0xe9 at offset 3)"),
