@@ -267,8 +267,8 @@ with DAG(
         prepared = validate_config_for_emr()
         run_dir = prepared["run_dir"]
 
-        # Setup: the cluster. No retries: a retried create would start a second cluster (boto3
-        # retries API errors itself). It terminates its cluster itself if it fails once EMR made it.
+        # Setup: the cluster. No retries (boto3 retries API errors itself); a create run again (its
+        # task cleared) uses the run's active cluster. It terminates its cluster if it fails once EMR made it.
         create_cluster = EmrCreateClusterOperator(
             task_id="create_cluster",
             job_flow_overrides=prepared["job_flow_overrides"],

@@ -647,6 +647,20 @@ def test_a_killed_create_terminates_its_cluster(aws):
     create_operator(aws).on_kill()  # killed before RunJobFlow returned: nothing to terminate
 
 
+def test_a_create_finding_the_runs_cluster_active_uses_it_instead_of_starting_a_second(aws):
+    """An earlier try's cluster (the task cleared, or failed after RunJobFlow succeeded) is the
+    run's; a cluster of another run, or one that ended, is not."""
+    request = create_operator(aws).job_flow_overrides
+    other_run = aws["emr"].run_job_flow(**request | {"Tags": [{"Key": "run_id", "Value": "run-2"}]})["JobFlowId"]
+    ended = aws["emr"].run_job_flow(**request)["JobFlowId"]
+    aws["emr"].terminate_job_flows(JobFlowIds=[ended])
+    earlier = aws["emr"].run_job_flow(**request)["JobFlowId"]
+
+    assert create_operator(aws).execute({"ti": MagicMock()}) == earlier
+    active = aws["emr"].list_clusters(ClusterStates=list(emr_cluster.ACTIVE_STATES))["Clusters"]
+    assert sorted(cluster["Id"] for cluster in active) == sorted([earlier, other_run])
+
+
 def test_a_corpus_too_small_for_a_window_fails_before_any_cluster_exists(airflow_db, aws, capfd):
     aws["s3"].put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=SONNET_LINE)
     dag_run, states, finished = run_dag(aws)
