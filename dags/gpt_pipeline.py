@@ -65,13 +65,16 @@ log = logging.getLogger(__name__)
 CONFIG_PATH = defaults_path()  # include/config/pipeline.yaml unless GPT_PIPELINE_CONFIG names another
 CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form's values
 # With target emr the cluster's tasks are built with these when Airflow parses the DAG, too, and
-# emr.max_core_instances bounds every run's cluster.
+# emr.max_core_instances and the security groups bound every run's cluster.
 EMR_DAG_SETTINGS = (
     "emr.aws_conn_id",
     "emr.region",
     "emr.poke_interval_seconds",
     "emr.startup_timeout_minutes",
     "emr.max_core_instances",
+    "emr.master_security_group",
+    "emr.slave_security_group",
+    "emr.service_access_security_group",
 )
 # Updated when a run's model becomes latest; the event's extra names the run, its model and the pointer.
 MODEL_ASSET = Asset(name=model_asset_name(latest_folder(CONFIG)), uri=latest_folder(CONFIG))

@@ -224,6 +224,9 @@ class LocalConfig(_Section):
     allow_exposed_workers: bool = False
 
 
+SECURITY_GROUP = r"^sg-[0-9a-f]{8,17}$"
+
+
 class EmrConfig(_Section):
     release_label: str = Field(pattern=r"^emr-7\.\d+\.\d+$")
     region: str | None = Field(default=None, min_length=1)
@@ -235,6 +238,9 @@ class EmrConfig(_Section):
     core_ebs_gb: int | None = Field(default=None, ge=1, le=16384)
     subnet_id: str | None = Field(default=None, pattern=r"^subnet-[0-9a-f]{8,17}$")
     key_name: str | None = Field(default=None, min_length=1)
+    master_security_group: str | None = Field(default=None, pattern=SECURITY_GROUP)
+    slave_security_group: str | None = Field(default=None, pattern=SECURITY_GROUP)
+    service_access_security_group: str | None = Field(default=None, pattern=SECURITY_GROUP)
     security_configuration: str | None = Field(default=None, min_length=1)
     log_uri: str = Field(pattern=r"^s3://")
     code_prefix: str = Field(pattern=r"^s3://")
