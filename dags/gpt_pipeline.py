@@ -63,8 +63,18 @@ log = logging.getLogger(__name__)
 
 CONFIG_PATH = defaults_path()  # include/config/pipeline.yaml unless GPT_PIPELINE_CONFIG names another
 CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form's values
-# With target emr the cluster's tasks are built with these when Airflow parses the DAG, too.
-EMR_DAG_SETTINGS = ("emr.aws_conn_id", "emr.region", "emr.poke_interval_seconds", "emr.startup_timeout_minutes")
+# With target emr the cluster's tasks are built with these when Airflow parses the DAG, too, and
+# emr.max_core_instances and the security groups bound every run's cluster.
+EMR_DAG_SETTINGS = (
+    "emr.aws_conn_id",
+    "emr.region",
+    "emr.poke_interval_seconds",
+    "emr.startup_timeout_minutes",
+    "emr.max_core_instances",
+    "emr.master_security_group",
+    "emr.slave_security_group",
+    "emr.service_access_security_group",
+)
 # Updated when a run's model becomes latest; the event's extra names the run, its model and the pointer.
 MODEL_ASSET = Asset(name=model_asset_name(latest_folder(CONFIG)), uri=latest_folder(CONFIG))
 
@@ -261,8 +271,8 @@ with DAG(
         prepared = validate_config_for_emr()
         run_dir = prepared["run_dir"]
 
-        # Setup: the cluster. No retries: a retried create would start a second cluster (boto3
-        # retries API errors itself). It terminates its cluster itself if it fails once EMR made it.
+        # Setup: the cluster. No retries (boto3 retries API errors itself); a create run again (its
+        # task cleared) uses the run's active cluster. It terminates its cluster if it fails once EMR made it.
         create_cluster = EmrCreateClusterOperator(
             task_id="create_cluster",
             job_flow_overrides=prepared["job_flow_overrides"],

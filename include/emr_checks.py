@@ -91,8 +91,14 @@ def check_region(s3_hook, bucket: str, settings: str, region: str | None) -> Non
 
 def check_subnet(config: PipelineConfig) -> None:
     """A service role with the current managed policy (AmazonEMRServicePolicy_v2, EMR_DefaultRole_V2)
-    starts clusters only in subnets tagged for it, so the default VPC's subnet will not do."""
+    starts clusters only in subnets tagged for it, so the default VPC's subnet will not do; with
+    the legacy role, no subnet is warned of (the default VPC, public addresses)."""
     role = config.emr.service_role
+    if config.emr.subnet_id is None and role == LEGACY_SERVICE_ROLE:
+        log.warning(
+            "emr.subnet_id: not set, so the nodes start in the default VPC's subnet, with public IP addresses; "
+            "set emr.subnet_id to a subnet of yours (docs/emr.md)"
+        )
     if role != LEGACY_SERVICE_ROLE and config.emr.subnet_id is None:
         raise ConfigError(
             f"emr.subnet_id: needed with emr.service_role {role!r}: a service role other than the legacy "

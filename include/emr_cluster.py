@@ -16,6 +16,8 @@ from pipeline.config import REPO_ROOT, ConfigError, PipelineConfig
 
 TEMPLATE_PATH = REPO_ROOT / "include" / "config" / "emr_cluster.yaml"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")
+RUN_TAG = "run_id"  # the cluster's tag naming its run, which finds the run's cluster again
+ACTIVE_STATES = ("STARTING", "BOOTSTRAPPING", "RUNNING", "WAITING")
 
 
 def read_template() -> dict:
@@ -65,7 +67,7 @@ def job_flow_overrides(config: PipelineConfig, run_id: str) -> dict:
     template = read_template()
     instance_type(config, "master_instance_type", template)
     instance_type(config, "core_instance_type", template)
-    tags = {**config.emr.tags, "run_id": run_id}
+    tags = {**config.emr.tags, RUN_TAG: run_id}
     values = {f"emr.{key}": value for key, value in config.emr.model_dump().items()}
     values |= {
         "run_id": run_id,
@@ -93,3 +95,19 @@ def startup_limits(config: PipelineConfig) -> dict[str, int]:
     """The cluster sensor's `timeout` and `poke_interval`: start-up and bootstrap have their own
     allowance, so that no step's limit counts them."""
     return {"timeout": config.emr.startup_timeout_minutes * 60, "poke_interval": config.emr.poke_interval_seconds}
+
+
+def run_tag(request: dict) -> str | None:
+    """The value of the run's tag in a RunJobFlow request."""
+    return next((tag["Value"] for tag in request.get("Tags", []) if tag["Key"] == RUN_TAG), None)
+
+
+def active_run_clusters(emr_client, tag_value: str) -> list[str]:
+    """The ids of the active clusters (starting to waiting) tagged with this run."""
+    pages = emr_client.get_paginator("list_clusters").paginate(ClusterStates=list(ACTIVE_STATES))
+    found = []
+    for summary in (cluster for page in pages for cluster in page["Clusters"]):
+        tags = emr_client.describe_cluster(ClusterId=summary["Id"])["Cluster"].get("Tags", [])
+        if {"Key": RUN_TAG, "Value": tag_value} in tags:
+            found.append(summary["Id"])
+    return found

@@ -27,9 +27,13 @@ def code_uri(config: PipelineConfig, run_id: str) -> str:
     return lake.join(config.emr.code_prefix, run_id)
 
 
+WHEELHOUSE_FORMAT = b"manifest with each wheel's sha256\0"
+
+
 def requirements_hash() -> str:
-    """What names a wheelhouse: a change to either requirements file needs another."""
-    digest = hashlib.sha256()
+    """What names a wheelhouse: a change to either requirements file needs another, and so does
+    one to its manifest's format (a wheelhouse without the sha256s bootstrap.sh checks is another)."""
+    digest = hashlib.sha256(WHEELHOUSE_FORMAT)
     for path in requirement_files():
         digest.update(path.read_bytes())
         digest.update(b"\0")

@@ -47,11 +47,19 @@ def max_cluster_hours(config: PipelineConfig, dag_config: PipelineConfig | None 
 def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = None) -> tuple[float, float]:
     """Stop a run whose cluster could cost more than emr.max_cost_usd, before it exists. The most
     is the on-demand price for the longest the cluster can live, which the DAG's step time limits
-    bound. The budget is the DAG's too: a run may lower it for itself, not raise or clear it.
+    bound. The budget is the DAG's too, and target emr needs one: a run may lower it for itself, not
+    raise or clear it.
     Returns the hourly price and those hours."""
-    budget = lowest_budget(config.emr.max_cost_usd, (dag_config or config).emr.max_cost_usd)
+    deployment_budget = (dag_config or config).emr.max_cost_usd
     hourly, hours = hourly_cost_usd(config), max_cluster_hours(config, dag_config)
-    if budget is not None and hourly * hours > budget:
+    if deployment_budget is None:
+        raise ConfigError(
+            f"emr.max_cost_usd: target emr needs a budget, and {defaults_path().name} sets none (null); the cluster "
+            f"may cost up to about ${hourly * hours:,.2f} ({hours:.1f} hours at ${hourly:.2f} per hour, at "
+            f"{price_basis(config)}): set emr.max_cost_usd there"
+        )
+    budget = lowest_budget(config.emr.max_cost_usd, deployment_budget)
+    if hourly * hours > budget:
         raise ConfigError(
             f"emr.max_cost_usd: the cluster may cost up to about ${hourly * hours:,.2f}, more than the ${budget:,.2f} "
             f"allowed: {hours:.1f} hours (the start-up allowance, every step at its time limit in both tries, plus the "
@@ -62,9 +70,9 @@ def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = Non
     return hourly, hours
 
 
-def lowest_budget(*budgets: float | None) -> float | None:
-    """The strictest of the budgets set (None: no budget)."""
-    return min((budget for budget in budgets if budget is not None), default=None)
+def lowest_budget(*budgets: float | None) -> float:
+    """The strictest of the budgets set (at least one is)."""
+    return min(budget for budget in budgets if budget is not None)
 
 
 def cluster_record(emr_client, cluster_id: str, config: PipelineConfig) -> dict:

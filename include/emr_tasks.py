@@ -7,8 +7,9 @@ EmrTerminateJobFlowOperator:
 
 `prepare` checks and uploads the run (building the nodes' wheelhouse first when it is missing) and
 returns the cluster request and every stage's step. create_cluster (EmrCreateClusterOperator)
-terminates the cluster it made if it fails after EMR made it: a failed setup task's teardown does
-not run. wait_for_cluster (EmrClusterReadySensor) waits for the cluster to start and bootstrap,
+uses the run's cluster when one is already active (found by its run_id tag) instead of starting a
+second, and terminates the cluster it made if it fails after EMR made it: a failed setup task's
+teardown does not run. wait_for_cluster (EmrClusterReadySensor) waits for the cluster to start and bootstrap,
 within its own allowance, so that no step's time limit counts it. Each stage is one EmrStageSensor
 task: it adds the stage's EMR step and waits for it, so that a retry runs the stage again.
 terminate_cluster is a teardown task: it runs whatever happened to the steps, and since Airflow
@@ -85,6 +86,9 @@ class EmrCreateClusterOperator(EmrCreateJobFlowOperator):
         self._job_flow_id = None  # on_kill reads it, also before RunJobFlow has returned
 
     def execute(self, context) -> str:
+        existing = self.run_cluster()
+        if existing:
+            return existing
         try:
             return super().execute(context)
         except TaskDeferred:  # waiting in a trigger: not a failure
@@ -98,6 +102,21 @@ class EmrCreateClusterOperator(EmrCreateJobFlowOperator):
             raise AirflowFailException(
                 f"cluster {self._job_flow_id} was created, then {type(error).__name__}: {error}; {outcome}"
             ) from error
+
+    def run_cluster(self) -> str | None:
+        """The run's active cluster, if an earlier try made one (its task cleared, or failed after
+        RunJobFlow succeeded without knowing it): used instead of starting a second one."""
+        request = self.job_flow_overrides
+        tag_value = emr_cluster.run_tag(request) if isinstance(request, dict) else None
+        existing = emr_cluster.active_run_clusters(self.hook.conn, tag_value) if tag_value else []
+        if existing:
+            self.log.warning(
+                "cluster %s of this run (tag %s=%s) is active: using it instead of creating another",
+                existing[0],
+                emr_cluster.RUN_TAG,
+                tag_value,
+            )
+        return existing[0] if existing else None
 
     def on_kill(self) -> None:
         if self._job_flow_id:

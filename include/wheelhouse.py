@@ -5,7 +5,8 @@
 `pip download` of spark_jobs/requirements.txt, constrained by requirements.txt, as wheels for the
 nodes (CPython 3.11 on x86_64 Amazon Linux 2023), uploaded to
 s3://{emr.code_prefix}/wheelhouse/{hash}/, the hash being that of the two files' contents. The
-manifest is uploaded last: a wheelhouse without one is unfinished and taken as absent.
+manifest, with each wheel's size and sha256, is uploaded last: a wheelhouse without one is
+unfinished and taken as absent.
 include/config/bootstrap.sh installs from it offline; the DAG's prepare task builds it when it is
 missing (`ensure`). docs/emr.md.
 """
@@ -13,6 +14,7 @@ missing (`ensure`). docs/emr.md.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import subprocess
@@ -94,8 +96,15 @@ def upload(wheels: list[Path], uri: str, s3_client) -> None:
         "platforms": PLATFORMS,
         "built": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wheels": {wheel.name: wheel.stat().st_size for wheel in wheels},
+        # bootstrap.sh checks each wheel against its sha256 before installing any.
+        "sha256": {wheel.name: sha256(wheel) for wheel in wheels},
     }
     write_manifest(manifest, uri, s3_client)
+
+
+def sha256(path: Path) -> str:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def write_manifest(manifest: dict, uri: str, s3_client) -> None:

@@ -230,22 +230,29 @@ class LocalConfig(_Section):
     allow_exposed_workers: bool = False
 
 
+SECURITY_GROUP = r"^sg-[0-9a-f]{8,17}$"
+
+
 class EmrConfig(_Section):
     release_label: str = Field(pattern=r"^emr-7\.\d+\.\d+$")
     region: str | None = Field(default=None, min_length=1)
     master_instance_type: str
     core_instance_type: str
     core_instance_count: int = Field(ge=1)
+    max_core_instances: int = Field(ge=1)
     core_spot: bool
     core_ebs_gb: int | None = Field(default=None, ge=1, le=16384)
     subnet_id: str | None = Field(default=None, pattern=r"^subnet-[0-9a-f]{8,17}$")
     key_name: str | None = Field(default=None, min_length=1)
+    master_security_group: str | None = Field(default=None, pattern=SECURITY_GROUP)
+    slave_security_group: str | None = Field(default=None, pattern=SECURITY_GROUP)
+    service_access_security_group: str | None = Field(default=None, pattern=SECURITY_GROUP)
     security_configuration: str | None = Field(default=None, min_length=1)
     log_uri: str = Field(pattern=r"^s3://")
     code_prefix: str = Field(pattern=r"^s3://")
     job_flow_role: str
     service_role: str
-    idle_timeout_minutes: int = Field(ge=1, le=10080)
+    idle_timeout_minutes: int = Field(ge=1, le=120)
     startup_timeout_minutes: int = Field(ge=1, le=1440)
     max_cost_usd: float | None = Field(default=None, gt=0)
     tags: dict[str, str] = {}
@@ -258,6 +265,16 @@ class EmrConfig(_Section):
     @classmethod
     def _s3_uri(cls, value: str) -> str:
         return to_uri(value)
+
+    @model_validator(mode="after")
+    def _core_instances_capped(self) -> EmrConfig:
+        if self.core_instance_count > self.max_core_instances:
+            raise ValueError(
+                f"emr.core_instance_count ({self.core_instance_count}) exceeds emr.max_core_instances "
+                f"({self.max_core_instances}), the deployment's cap on core nodes: lower emr.core_instance_count, "
+                "or raise emr.max_core_instances in pipeline.yaml"
+            )
+        return self
 
     def shortest_idle_timeout_minutes(self) -> int:
         """Between two steps the cluster idles for up to a poke interval plus Airflow's scheduling

@@ -675,6 +675,20 @@ def test_a_killed_create_terminates_its_cluster(aws):
     create_operator(aws).on_kill()  # killed before RunJobFlow returned: nothing to terminate
 
 
+def test_a_create_finding_the_runs_cluster_active_uses_it_instead_of_starting_a_second(aws):
+    """An earlier try's cluster (the task cleared, or failed after RunJobFlow succeeded) is the
+    run's; a cluster of another run, or one that ended, is not."""
+    request = create_operator(aws).job_flow_overrides
+    other_run = aws["emr"].run_job_flow(**request | {"Tags": [{"Key": "run_id", "Value": "run-2"}]})["JobFlowId"]
+    ended = aws["emr"].run_job_flow(**request)["JobFlowId"]
+    aws["emr"].terminate_job_flows(JobFlowIds=[ended])
+    earlier = aws["emr"].run_job_flow(**request)["JobFlowId"]
+
+    assert create_operator(aws).execute({"ti": MagicMock()}) == earlier
+    active = aws["emr"].list_clusters(ClusterStates=list(emr_cluster.ACTIVE_STATES))["Clusters"]
+    assert sorted(cluster["Id"] for cluster in active) == sorted([earlier, other_run])
+
+
 def test_a_corpus_too_small_for_a_window_fails_before_any_cluster_exists(airflow_db, aws, capfd):
     aws["s3"].put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=SONNET_LINE)
     dag_run, states, finished = run_dag(aws)
@@ -740,6 +754,38 @@ def test_an_account_setting_that_cannot_work_fails_before_any_cluster_exists(
     assert f"Error: {message}" in "".join(capfd.readouterr())
     assert states["validate_config"] == "failed" and finished == []
     assert aws["emr"].list_clusters()["Clusters"] == []
+
+
+@pytest.mark.parametrize(
+    "deployment, form, message",
+    [
+        ({"emr": {"max_cost_usd": None}}, None, "ConfigError: emr.max_cost_usd: target emr needs a budget"),
+        (
+            {},
+            {"overrides": ["emr.core_instance_count=100"]},
+            "emr.core_instance_count (100) exceeds emr.max_core_instances (10)",
+        ),
+        (
+            {},
+            {"overrides": ["emr.max_core_instances=200"]},
+            "ConfigError: emr.max_core_instances: this DAG's emr.max_core_instances is 10",
+        ),
+        (
+            {},
+            {"overrides": ["emr.idle_timeout_minutes=10080"]},
+            "emr.idle_timeout_minutes: Input should be less than or equal to 120",
+        ),
+    ],
+    ids=["no-budget", "100-core-nodes", "raised-cap", "7-day-idle-timeout"],
+)
+def test_a_run_over_a_bound_of_its_bill_fails_before_any_cluster_exists(
+    airflow_db, aws, emr_defaults, capfd, run_job_flow_requests, deployment, form, message
+):
+    emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), deployment)))
+    dag_run, states, finished = run_dag(aws, form=form)
+
+    assert message in "".join(capfd.readouterr())
+    assert states["validate_config"] == "failed" and run_job_flow_requests == []
 
 
 @pytest.mark.parametrize(

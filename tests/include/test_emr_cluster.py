@@ -102,6 +102,27 @@ def test_optional_network_and_disk_settings_are_left_out_until_set():
     assert "EbsConfiguration" not in master
 
 
+def test_emr_managed_security_groups_reach_the_request_when_set():
+    groups = {
+        "master_security_group": "sg-0123456789abcdef0",
+        "slave_security_group": "sg-0123456789abcdef1",
+        "service_access_security_group": "sg-0123456789abcdef2",
+    }
+    request = emr_cluster.job_flow_overrides(emr_config(*(f"emr.{k}={v}" for k, v in groups.items())), RUN_ID)
+    valid_run_job_flow(request)
+    instances = request["Instances"]
+    assert (
+        instances["EmrManagedMasterSecurityGroup"],
+        instances["EmrManagedSlaveSecurityGroup"],
+        instances["ServiceAccessSecurityGroup"],
+    ) == tuple(groups.values())
+    assert not {"EmrManagedMasterSecurityGroup", "ServiceAccessSecurityGroup"} & set(
+        emr_cluster.job_flow_overrides(emr_config(), RUN_ID)["Instances"]
+    )
+    with pytest.raises(ConfigError, match=r"emr.master_security_group: String should match pattern"):
+        emr_config("emr.master_security_group=default")
+
+
 def test_a_subnet_that_is_no_subnet_id_is_named():
     with pytest.raises(ConfigError, match=r"emr.subnet_id: String should match pattern .* \(got 'vpc-0123abcd'\)"):
         emr_config("emr.subnet_id=vpc-0123abcd")

@@ -43,7 +43,7 @@ def test_longest_cluster_life_grows_with_the_training_budget():
 def test_a_run_that_could_cost_more_than_the_budget_stops_before_its_cluster_exists():
     most = emr_cost.hourly_cost_usd(emr_config()) * emr_cost.max_cluster_hours(emr_config())
     emr_cost.check_budget(emr_config(f"emr.max_cost_usd={most + 0.01}"))  # within the budget
-    emr_cost.check_budget(emr_config())  # no budget set
+    emr_cost.check_budget(emr_config())  # the default budget
     with pytest.raises(
         ConfigError, match=rf"emr.max_cost_usd: the cluster may cost up to about \${most:,.2f}, more than the \$10.00"
     ):
@@ -58,6 +58,23 @@ def test_a_run_that_could_cost_more_than_the_budget_stops_before_its_cluster_exi
     for raised in (emr_config(f"emr.max_cost_usd={most * 100}"), emr_config("emr.max_cost_usd=null")):
         with pytest.raises(ConfigError, match=rf"more than the \${most - 1:,.2f} allowed"):
             emr_tasks.prepare(raised, RUN_ID, capped)
+
+
+def test_target_emr_needs_a_budget_and_a_run_cannot_clear_it():
+    unbounded = emr_config("emr.max_cost_usd=null")
+    with pytest.raises(ConfigError, match=r"^emr.max_cost_usd: target emr needs a budget, and pipeline.yaml sets none"):
+        emr_tasks.prepare(unbounded, RUN_ID, unbounded)  # before it uploads anything
+    emr_cost.check_budget(unbounded, emr_config())  # a run's null: the DAG's budget applies
+
+
+def test_core_nodes_and_idle_timeout_are_bounded():
+    with pytest.raises(
+        ConfigError, match=r"emr.core_instance_count \(100\) exceeds emr.max_core_instances \(10\), the deployment"
+    ):
+        emr_config("emr.core_instance_count=100")
+    assert emr_config("emr.max_core_instances=100", "emr.core_instance_count=100").emr.core_instance_count == 100
+    with pytest.raises(ConfigError, match=r"emr.idle_timeout_minutes: Input should be less than or equal to 120"):
+        emr_config("emr.idle_timeout_minutes=10080")
 
 
 def test_cost_figures_say_they_are_on_demand_prices_of_the_tables_region_and_date():

@@ -5,6 +5,7 @@ from PyPI."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -186,6 +187,7 @@ def test_the_manifest_is_written_last_and_a_wheelhouse_without_it_is_absent(s3, 
     manifest = json.loads(body)
     assert manifest["requirements_hash"] == "0123456789abcdef" and manifest["python"] == "3.11"
     assert sorted(manifest["wheels"]) == [wheel.name for wheel in built]
+    assert manifest["sha256"] == {wheel.name: hashlib.sha256(wheel.read_bytes()).hexdigest() for wheel in built}
 
 
 # --- the DAG's prepare task ---------------------------------------------------------------------
@@ -249,7 +251,8 @@ def node(tmp_path, wheels, tiny_requirements) -> dict:
     for name, path in emr_code.RUN_FILES.items():
         shutil.copy(path, code / name)
     shutil.copytree(wheels, house)
-    (house / wheelhouse.MANIFEST).write_text("{}")
+    sha256 = {wheel.name: wheelhouse.sha256(wheel) for wheel in house.glob("*.whl")}
+    (house / wheelhouse.MANIFEST).write_text(json.dumps({"sha256": sha256}))
     env = {
         "PATH": f"{stubs}:/usr/bin:/bin",
         "FAKE_S3": str(fake_s3),
@@ -293,3 +296,40 @@ def test_the_bootstrap_refuses_a_wheelhouse_without_its_manifest(node):
         "build it with python -m include.wheelhouse build"
     ) in done.stderr
     assert not node["venv"].exists(), "it stopped before building the environment"
+
+
+def test_the_bootstrap_refuses_a_wheel_not_as_built_before_installing_any(node):
+    wheel = next(node["house"].glob("tinyb-*.whl"))
+    data = bytearray(wheel.read_bytes())
+    data[-1] ^= 0xFF  # the same size, another content
+    wheel.write_bytes(bytes(data))
+    done = bootstrap(node)
+    assert done.returncode != 0
+    assert f"bootstrap: ERROR wheelhouse s3://bucket/code/wheelhouse/abc: {wheel.name} hash mismatch (sha256 " in (
+        done.stderr
+    )
+    assert not node["venv"].exists(), "it stopped before building the environment"
+
+
+def test_the_bootstrap_refuses_a_manifest_without_sha256s(node):
+    (node["house"] / wheelhouse.MANIFEST).write_text("{}")
+    done = bootstrap(node)
+    assert "its manifest.json lists no sha256 of its wheels: rebuild it with" in done.stderr
+    assert not node["venv"].exists()
+
+
+def test_a_stalled_dnf_fails_the_bootstrap_naming_it(node):
+    stub = Path(node["env"]["PATH"].split(":")[0]) / "dnf"
+    stub.write_text("#!/bin/bash\nexec sleep 30\n")
+    node["env"]["BOOTSTRAP_STEP_TIMEOUT_S"] = "1"
+    done = bootstrap(node)
+    assert done.returncode != 0
+    assert "bootstrap: ERROR timed out after 1 s: sudo dnf install -y -q python3.11 python3.11-pip" in done.stderr
+
+
+def test_every_download_and_dnf_has_a_time_limit():
+    script = emr_code.RUN_FILES["bootstrap.sh"].read_text()
+    lines = [line.strip() for line in script.splitlines() if not line.lstrip().startswith("#")]
+    commands = [line for line in lines if " s3 cp " in line or "dnf install" in line]
+    assert commands and all(command.startswith("within_time ") for command in commands), commands
+    assert 'step_timeout_s="${BOOTSTRAP_STEP_TIMEOUT_S:-600}"' in script
