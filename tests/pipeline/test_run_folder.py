@@ -217,7 +217,8 @@ def test_a_runs_config_is_read_through_the_reader_given(tmp_path):
 
 
 def test_a_broken_or_invalid_config_json_is_named(tmp_path):
-    run = new_run(small_config(tmp_path, tmp_path / "c.txt"), "r")
+    config = small_config(tmp_path, tmp_path / "c.txt")
+    run = new_run(config, "r")
     config_json = lake.join(run, run_folder.CONFIG_FILE)
     lake.write_text(config_json, "{broken")
     with pytest.raises(ConfigError, match=f"^resolved config {re.escape(config_json)} is not valid JSON: "):
@@ -225,6 +226,9 @@ def test_a_broken_or_invalid_config_json_is_named(tmp_path):
     # Settings that no longer validate (say, a run folder of another version): only the raw reader takes them.
     lake.write_json(config_json, {"run_name": "old", "train": {"max_steps": 0}})
     assert run_folder.read_config_data(run) == {"run_name": "old", "train": {"max_steps": 0}}
+    older = config.model_dump()
+    older["train"]["max_steps"] = 0
+    lake.write_json(config_json, older)
     with pytest.raises(ConfigError, match=r"train\.max_steps: Input should be greater than or equal to 1"):
         run_folder.read_config(run)
 
