@@ -18,6 +18,7 @@ from pipeline import run_folder
 from pipeline.config import REPO_ROOT, GenerateConfig
 from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
 from pipeline.errors import PipelineError
+from pipeline.log import printable
 from pipeline.overrides import apply_overrides
 from spark_jobs import generate as generate_module
 from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, sample_texts, samples
@@ -299,7 +300,7 @@ def test_cli_slides_the_window_as_asked(model_dir):
     assert completed.returncode == 0, completed.stderr
     model, tokenizer = load_model(str(model_dir))
     options = settings(prompt="ROMEO:", max_new_tokens=12, strategy="greedy")
-    assert completed.stdout == reference_generate(model, tokenizer, options, window_slide=4) + "\n"
+    assert completed.stdout == printable(reference_generate(model, tokenizer, options, window_slide=4)) + "\n"
     too_wide = cli(*args, "--window-slide", "9")
     assert too_wide.returncode == 2 and "--window-slide 9: must be between 1 and the block size 8" in too_wide.stderr
 
