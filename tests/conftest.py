@@ -85,3 +85,37 @@ def small_config(tmp_path: Path, corpus: Path | str, overrides: list | None = No
 
 def new_run(config: PipelineConfig, run_id: str = "test-run") -> str:
     return run_folder.create_run(config, run_id)
+
+
+@pytest.fixture(scope="session")
+def code_dir(tmp_path_factory) -> Path:
+    """The code spark-submit ships, packaged once for the session."""
+    from include.spark_submit import package_code
+
+    folder = tmp_path_factory.mktemp("code")
+    package_code(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def preprocessed(tmp_path_factory, shakespeare, code_dir):
+    """A run folder through the four preprocessing applications (each a real spark-submit) on two
+    files cut from the first ~60 kB of tinyshakespeare: read by tests/e2e/test_preprocess.py, and
+    copied by the training tests. Returns the config, the run folder and each file's text."""
+    from local_platform import stage_runner
+    from pipeline.stages import PREPROCESSING_STAGES
+
+    tmp = tmp_path_factory.mktemp("preprocessed")
+    text = shakespeare.read_text(encoding="utf-8")[:60_000]
+    text = text[: text.rfind("\n") + 1]
+    middle = text.rfind("\n", 0, 40_000) + 1
+    folder = tmp / "corpus"
+    folder.mkdir()
+    texts = {"a.txt": text[:middle], "b.txt": text[middle:]}
+    for name, part in texts.items():
+        (folder / name).write_text(part, encoding="utf-8")
+    config = small_config(tmp, folder / "*.txt")
+    run = new_run(config, "e2e")
+    for stage in PREPROCESSING_STAGES:
+        stage_runner.submit_stage(stage, config, run, code_dir)
+    return config, run, {(folder / name).as_uri(): part for name, part in texts.items()}

@@ -186,6 +186,29 @@ def test_airflows_run_id_is_made_a_folder_name_once_as_the_run_starts(dag_module
     assert run_id == f"{config.run_name}-manual__2026-11-22T19_54_54.5_00_00"
 
 
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (
+            {"overrides": ["schedule=@daily"]},
+            "schedule: this DAG's schedule is None, read from pipeline.yaml when Airflow parses the DAG; "
+            "a run cannot change it (got '@daily')",
+        ),
+        (
+            {"overrides": ["s3.prefix=elsewhere"]},
+            "s3.prefix: this DAG's s3.prefix is 'runs', read from pipeline.yaml when Airflow parses the DAG; "
+            "a run cannot change it (got 'elsewhere')",
+        ),
+    ],
+    ids=["schedule", "record prefix"],
+)
+def test_a_run_cannot_change_what_airflow_read_when_it_parsed_the_dag(dag_module, monkeypatch, values, message):
+    monkeypatch.setattr(dag_module, "get_current_context", lambda: {"params": values, "run_id": "manual__1"})
+    with pytest.raises(ConfigError) as raised:
+        dag_module.form_config()
+    assert str(raised.value).startswith(message)
+
+
 @pytest.mark.parametrize("task", ["run_local_stage", "collect", "prune_runs"])
 def test_a_task_of_a_run_whose_folder_is_gone_fails_without_its_retry(dag_module, tmp_path, task):
     """keep_runs removed the folder; clearing the run's tasks in the UI must not retry them in vain."""

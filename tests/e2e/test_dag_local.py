@@ -13,6 +13,7 @@ import signal
 import sqlite3
 import subprocess
 import urllib.request
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,6 +22,7 @@ from selenium.webdriver.common.by import By
 
 from include.airflow_names import DAG_ID
 from include.report_link import REPORT_URL_KEY, RunReportLink
+from local_platform import airflow_home, airflow_runner, run_command
 from local_platform.airflow_home import AIRFLOW, prepare
 from local_platform.moto_s3 import LocalS3
 from pipeline import lake, run_folder
@@ -94,34 +96,14 @@ def last_run_states(home) -> tuple[str, str, dict[str, str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "form, message",
-    [
-        ({"stride": 0}, "invalid configuration: data.stride: Input should be greater than or equal to 1 (got 0)"),
-        (
-            {"block_size": 4096, "stride": 2048, "batch_size": 512},
-            "ConfigError: training needs about 586,770 MB per worker (runtime 1,000,",
-        ),
-        (
-            {"overrides": ["schedule=@daily"]},
-            "ConfigError: schedule: this DAG's schedule is None, read from pipeline.yaml when Airflow parses the DAG; "
-            "a run cannot change it (got '@daily')",
-        ),
-        (
-            {"overrides": ["s3.prefix=elsewhere"]},
-            "ConfigError: s3.prefix: this DAG's s3.prefix is 'runs', read from pipeline.yaml when Airflow "
-            "parses the DAG; "
-            "a run cannot change it (got 'elsewhere')",
-        ),
-    ],
-    ids=["bad value", "model too big for this machine", "schedule", "record prefix"],
-)
-def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, tmp_path, form, message):
+def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, tmp_path):
+    """Through Airflow once; the messages of each refusal are unit-tested (tests/dags/test_dag.py,
+    tests/include/test_preflight.py, tests/spark_jobs/test_memory.py), and a bad corpus goes through
+    `make run` (tests/local_platform/test_run_command.py)."""
     env, _, home = local_airflow
-    form = {**form, "overrides": [f"lake={tmp_path / 'lake'}", *form.get("overrides", [])]}
-    code, output = dags_test(env, form)
+    code, output = dags_test(env, {"stride": 0, "overrides": [f"lake={tmp_path / 'lake'}"]})
     assert code != 0
-    assert message in output
+    assert "invalid configuration: data.stride: Input should be greater than or equal to 1 (got 0)" in output
     _, state, tasks = last_run_states(home)
     assert state == "failed"
     assert tasks["validate_config"] == "failed"
@@ -129,57 +111,38 @@ def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, 
     assert not (tmp_path / "lake").exists()  # no run folder for a run that never started
 
 
-@pytest.mark.slow
-def test_windows_too_big_for_the_lakes_disk_fail_validate_config(local_airflow, tmp_path):
-    env, _, home = local_airflow
-    huge = tmp_path / "huge.txt"
-    with huge.open("wb") as file:
-        file.truncate(2 * 10**12)  # sparse
-    code, output = dags_test(env, {"corpus": str(huge), "stride": 1, "overrides": [f"lake={tmp_path / 'lake'}"]})
-    assert code != 0
-    assert "PipelineError: the run's windows and TFRecords need at least" in output
-    _, state, tasks = last_run_states(home)
-    assert state == "failed" and tasks["validate_config"] == "failed"
-    assert not (tmp_path / "lake").exists()
-
-
-@pytest.mark.slow
-def test_a_bad_corpus_fails_tokenize_without_a_retry(local_airflow, tmp_path):
-    env, _, home = local_airflow
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_bytes(b"To be, or not to be\n" * 500 + b"\x00")
-    code, output = dags_test(env, {"corpus": str(corpus), "overrides": [f"lake={tmp_path / 'lake'}"]})
-    assert code != 0
-    assert f"corpus file {corpus.as_uri()} looks binary (NUL byte at offset 10000)" in output
-    run_id, state, tasks = last_run_states(home)
-    assert state == "failed" and tasks["tokenize"] == "failed"
-    with sqlite3.connect(home / "airflow.db") as db:
-        (tries,) = db.execute(
-            "SELECT try_number FROM task_instance WHERE run_id = ? AND task_id = 'tokenize'", (run_id,)
-        ).fetchone()
-    assert tries == 1, "bad input is not retried"
-
-
 @pytest.fixture(scope="module")
 def collected_run(local_airflow, tmp_path_factory, shakespeare):
-    """One whole DAG run on a slice of tinyshakespeare, with an older collected run of the same
-    name in the lake (keep_runs=1 leaves only the new one): what the tests below check."""
-    env, s3, home = local_airflow
+    """One whole DAG run by `make run` (its Python part, in this process) on a slice of
+    tinyshakespeare, with an older collected run of the same name in the lake (keep_runs=1 leaves
+    only the new one): what the tests below check. Its moto server is the module's, kept after the
+    command so that the record can be read."""
+    _, s3, home = local_airflow
     tmp_path = tmp_path_factory.mktemp("collected-run")
     corpus = write_slice(tmp_path, shakespeare)
     older = tmp_path / "lake" / run_folder.RUNS_FOLDER / "e2e-older"
     (older / run_folder.MODEL_FOLDER).mkdir(parents=True)
-    (older / run_folder.REPORT_JSON).write_text(json.dumps({"run": "e2e-older"}))
+    (older / run_folder.REPORT_JSON).write_text(
+        json.dumps({"run": "e2e-older", "collected_at": "2026-01-01T00:00:00Z"})
+    )
     (older / run_folder.CONFIG_FILE).write_text(json.dumps({"run_name": "e2e", "corpus": [f"file://{corpus}"]}))
-    overrides = [f"lake={tmp_path / 'lake'}", "keep_runs=1", *SMALL_RUN]
-    code, output = dags_test(env, {"corpus": str(corpus), "run_name": "e2e", "overrides": overrides})
+    settings = [f"lake={tmp_path / 'lake'}", "keep_runs=1", "run_name=e2e", *SMALL_RUN]
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        patch.setattr(airflow_home, "AIRFLOW_HOME", home)
+        patch.setattr(run_command, "LocalS3", lambda buckets: contextlib.nullcontext(s3))
+        code = airflow_runner.main(["run", "--corpus", str(corpus), *(f"--set={item}" for item in settings)])
+    (log,) = sorted((home / "logs").glob("run-*.log"))[-1:]
     run_id, state, tasks = last_run_states(home)
     client = s3.client()
     prefix = f"runs/{run_folder.safe_run_id(f'e2e-{run_id}')}/"
     listed = client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
     return SimpleNamespace(
         code=code,
-        output=output,
+        out=out.getvalue(),
+        err=err.getvalue(),
+        log=log,
+        output=log.read_text(),
         run_id=run_id,
         state=state,
         tasks=tasks,
@@ -200,7 +163,7 @@ def collected_run(local_airflow, tmp_path_factory, shakespeare):
 
 @pytest.mark.slow
 def test_the_dag_run_succeeds_with_every_task(collected_run):
-    assert collected_run.code == 0, collected_run.output[-5000:]
+    assert collected_run.code == 0, collected_run.err + collected_run.output[-5000:]
     assert collected_run.state == "success"
     expected = ["validate_config", *STAGE_NAMES, "collect", "promote", "prune_runs"]
     assert collected_run.tasks == {task_id: "success" for task_id in expected}
@@ -398,3 +361,37 @@ def test_the_report_pages_figures_are_the_reports(collected_run, report_page):
     for stage, metrics in report["spark"].items():  # Spark's metrics where the stage recorded them
         assert metrics["app_id"] in spark if metrics else "not recorded" in spark, stage
     assert report_page.find_element(By.ID, "sample").get_attribute("textContent") == report["sample"]
+
+
+@pytest.mark.slow
+def test_make_run_prints_where_the_outputs_are_on_a_quiet_console(collected_run):
+    """The README's first command (its Python part): the summary after the run, one line per task."""
+    out = collected_run.out
+    (run_path,) = (collected_run.lake / run_folder.RUNS_FOLDER).iterdir()
+    assert f"run folder:       {run_path.as_uri()}\n" in out and (run_path / run_folder.REPORT_TEXT).is_file()
+    report = json.loads((run_path / run_folder.REPORT_JSON).read_text())
+    assert f"val nats/char:    {report['val_nats_per_char']:.4f}\n" in out
+    assert f"latest model:     s3://{BUCKET}/runs/latest/e2e.json -> {report['s3_uri']}model/\n" in out
+    assert "keep_runs:        removed 1 older run folder(s)" in out and "e2e-older" in out
+    assert f"generated sample:\n{report['sample']}" in out
+    assert list((collected_run.home / "tmp").iterdir()) == [], "the command's temporary files went with it"
+    check_the_quiet_console(out, collected_run.home)
+
+
+def check_the_quiet_console(out: str, home: Path) -> None:
+    """One line as each task starts and one as it ends, the training progress, the summary; all
+    of Airflow's, Spark's and TensorFlow's output in the full log, whose path comes first."""
+    (path,) = (home / "logs").glob("run-*.log")
+    assert out.startswith(f"full log:         {path}\n"), out[:2000]
+    tasks = ["validate_config", *STAGE_NAMES, "collect", "promote", "prune_runs"]
+    for task in tasks:
+        assert len(re.findall(rf"^task {task} +started$", out, re.MULTILINE)) == 1, out
+        assert len(re.findall(rf"^task {task} +success +[\d,]+ s$", out, re.MULTILINE)) == 1, out
+    assert len(re.findall(r"^task ", out, re.MULTILINE)) == 2 * len(tasks)
+    progress = re.findall(r"^\[train\] step \d+/\d+ loss .*$", out, re.MULTILINE)
+    assert progress, out
+    # The run's lines; the summary after them names paths, as long as the machine's paths are.
+    assert max(len(line) for line in out.split("\nrun folder:")[0].splitlines()) <= 200, out
+    assert "Running Spark version" not in out and "Running Spark version" in path.read_text()
+    assert all(line in path.read_text() for line in progress)
+    assert len(path.read_text().splitlines()) > 3 * len(out.splitlines())

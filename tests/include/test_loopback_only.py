@@ -1,6 +1,7 @@
 """What a local run listens on: Spark's settings for the local target, the private network
 namespace of include/loopback_only.py, what happens where none can be made, and the moto and
-Airflow API servers' addresses. The end-to-end check during training is tests/e2e/test_loopback.py."""
+Airflow API servers' addresses. The end-to-end check during training is the two-worker test of
+tests/spark_jobs/test_train.py."""
 
 from __future__ import annotations
 
