@@ -1,5 +1,5 @@
 """`make run`: the DAG once, with the quiet console and the summary; a failed run ends with the
-stage error to act on, an interrupted one stops with its processes and is marked failed."""
+failed task's reason to act on, an interrupted one stops with its processes and is marked failed."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from local_platform import airflow_home, airflow_runner
+from local_platform.console import shortened
 from pipeline import run_folder
 from pipeline.stages import STAGE_NAMES
 from tests.local_platform.airflow_commands import (
@@ -104,9 +105,11 @@ def test_a_failed_make_run_ends_with_the_stage_error_to_act_on(tmp_path, monkeyp
     (path,) = (tmp_path / "home" / "logs").glob("run-*.log")
     assert "looks binary" in path.read_text() and "Traceback" in path.read_text() and "Traceback" not in out
     assert re.search(r"^task tokenize +failed +[\d,]+ s$", out, re.MULTILINE), out
+    reason = (
+        f"stage tokenize failed with exit code 2: corpus file {corpus.as_uri()} looks binary (NUL byte at offset "
+        "10000); set data.bad_files=skip to leave such files out"
+    )
+    assert shortened(f"ERROR tokenize failed: {reason}") in out.splitlines()  # the task's exception, as it fails
     *_, log_line, last = err.rstrip("\n").split("\n")
     assert log_line == f"full log:         {path}"
-    assert last == (
-        f"ERROR the gpt_pipeline run failed in stage tokenize: corpus file {corpus.as_uri()} looks binary (NUL byte at "
-        "offset 10000); set data.bad_files=skip to leave such files out"
-    )
+    assert last == f"ERROR the gpt_pipeline run failed in task tokenize: {reason}"
