@@ -31,7 +31,7 @@ help:
 	@echo "make airflow  Airflow with its UI on http://127.0.0.1:8080, to trigger and watch runs"
 	@echo "make tensorboard  TensorBoard on http://127.0.0.1:6006 for every run in lake/runs, or RUN=lake/runs/<run id>"
 	@echo "make wheelhouse the EMR nodes' Python wheels, built with pip download and uploaded to emr.code_prefix (docs/emr.md); ARGS='--no-upload ...'"
-	@echo "make clean    remove Airflow's home, build and test leftovers (lake/, the runs, stays)"
+	@echo "make clean    remove Airflow's home, the rehearsals' copies, build and test leftovers (lake/, the runs, stays)"
 	@echo "make lock     re-pin requirements.txt from requirements.in"
 
 $(BIN)/.installed: requirements.txt
@@ -95,4 +95,4 @@ lock:
 
 # lake/ holds the runs (models, reports): left for people to delete themselves.
 clean:
-	rm -rf build .pytest_cache airflow_home test-artifacts spark-warehouse metastore_db derby.log
+	rm -rf build .pytest_cache airflow_home rehearsals test-artifacts spark-warehouse metastore_db derby.log

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from include import class_archive, loopback_only
 from include.spark_submit import local_master, spark_submit_argv
-from pipeline import stages
+from pipeline import run_folder, stages
 from pipeline.config import PipelineConfig
 from pipeline.errors import BAD_INPUT_EXIT, PipelineError
 
@@ -27,8 +27,12 @@ EXPOSURE_SETTING = "local.allow_exposed_workers"
 
 
 class StageFailed(RuntimeError):
-    def __init__(self, stage: str, returncode: int, argv: list[str]):
-        super().__init__(f"stage {stage} failed with exit code {returncode} (command: {' '.join(argv)})")
+    """A stage's spark-submit that did not succeed: with the error the stage recorded in its run
+    folder when it left one (the line to act on), else with its command."""
+
+    def __init__(self, stage: str, returncode: int, argv: list[str], error: str | None = None):
+        why = f": {error}" if error else f" (command: {' '.join(argv)})"
+        super().__init__(f"stage {stage} failed with exit code {returncode}{why}")
         self.returncode = returncode
 
     @property
@@ -124,7 +128,7 @@ def submit_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Pat
             jvm_options = (*jvm_options, f"-Dio.netty.machineId={':'.join(secrets.token_hex(1) for _ in range(8))}")
         returncode = run_spark_submit(launched, spark_env(jvm_options))
         if returncode != 0:
-            raise StageFailed(stage, returncode, argv)
+            raise StageFailed(stage, returncode, argv, run_folder.recorded_error(run_dir, stage))
 
 
 def run_spark_submit(argv: list[str], env: dict[str, str]) -> int:

@@ -1,6 +1,5 @@
 """The DAG run once with `airflow dags test` (by `make run`, `make rehearse` and the benchmarks),
-and what the run left: its report and the latest pointer on the moto S3, the lake's run folders,
-and the error a failed stage left in its run folder."""
+and what the run left: its report and the latest pointer on the moto S3, the lake's run folders."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from local_platform.moto_s3 import LocalS3
 from pipeline import lake, run_folder
 from pipeline.config import PipelineConfig
 from pipeline.errors import PipelineError
-from pipeline.stages import STAGE_NAMES
 
 
 def dags_test(env: dict[str, str], conf: dict, output: Output | None = None) -> bool:
@@ -49,15 +47,3 @@ def run_folders(config: PipelineConfig) -> set[str]:
     """The names of the local lake's run folders, to tell which ones prune_runs removed."""
     runs = Path(lake.local_path(run_folder.runs_folder(config.lake)))
     return {path.name for path in runs.iterdir()} if runs.is_dir() else set()
-
-
-def stage_error(config: PipelineConfig, new_folders: set[str]) -> str:
-    """Where a failed run stopped, from the error a stage left in its run folder (the line to act
-    on, far up in the task logs), else where to look."""
-    for name in new_folders:
-        folder = lake.join(run_folder.runs_folder(config.lake), name)
-        for stage in STAGE_NAMES:
-            uri = lake.join(folder, run_folder.error_path(stage))
-            if lake.exists(uri):
-                return f" in stage {stage}: {lake.read_json(uri)['error']}"
-    return "; see the task logs in the full log"

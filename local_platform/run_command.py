@@ -1,6 +1,6 @@
 """`make run` (`python -m local_platform.airflow_runner run`): the whole DAG once with `airflow
 dags test`, S3 on a moto server that lives as long as the command, its output on the quiet
-console (the full log in Airflow's home), then the run's summary, or where a failed run stopped."""
+console (the full log in Airflow's home), then the run's summary, or why a failed run stopped."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from include.airflow_names import DAG_ID
 from local_platform import airflow_home, console
 from local_platform.airflow_command import Stopped
-from local_platform.dag_test import dags_test, latest_pointer, read_report, run_folders, stage_error
+from local_platform.dag_test import dags_test, latest_pointer, read_report, run_folders
 from local_platform.moto_s3 import LocalS3
 from local_platform.run_summary import print_report
 from pipeline.config import PipelineConfig
@@ -33,8 +33,7 @@ def run(config: PipelineConfig, conf: dict, verbose: bool = False) -> int:
             console.print_log_path(log)
             return 130
         if not succeeded:
-            console.print_log_path(log)
-            print(f"ERROR the {DAG_ID} run failed{stage_error(config, run_folders(config) - before)}", file=sys.stderr)
+            console.print_failure(log, output, "run")
             return 1
         print_report(read_report(s3, config), *latest_pointer(s3, config), before - run_folders(config))
     return 0

@@ -28,7 +28,7 @@ def print_report(report: dict, pointer_uri: str, pointer: dict, removed: Iterabl
             f"earlier make runs ended with them): {name_some(sorted(removed))}"
         )
     print(f"generated sample:\n{console.printable(report['sample'])}")
-    if report["run_folder"].startswith("s3://"):  # the EMR rehearsal's lake is on the moto server
+    if report["run_folder"].startswith("s3://"):  # no model on this machine to sample from
         return
     model = shlex.quote(lake.local_path(lake.join(report["run_folder"], run_folder.MODEL_FOLDER)))
     prompt = shlex.quote(run_folder.read_config(report["run_folder"]).generate.prompt)

@@ -170,6 +170,15 @@ def error_path(stage: str) -> str:
     return f"{ERRORS_FOLDER}/{stage}.json"
 
 
+def recorded_error(run: str, stage: str) -> str | None:
+    """The error a stage that stopped left in the run folder (error_path), if it left one."""
+    uri = lake.join(run, error_path(stage))
+    try:
+        return str(lake.read_json(uri)["error"]) if lake.exists(uri) else None
+    except (OSError, ValueError, KeyError, TypeError):  # half written or not ours: the exit code still says it failed
+        return None
+
+
 def progress_path(stage: str) -> str:
     """Where, in the run folder, a running stage reports how far it is (train does; the EMR target's
     task logs it while the step runs)."""

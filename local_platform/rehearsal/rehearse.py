@@ -5,8 +5,10 @@
 Airflow's `dags test` runs the DAG with target emr; its AWS connection points at a moto server
 in this process, whose S3 holds the corpus (uploaded from the local files), the lake, the code and
 the EMR logs, and whose EMR API is played by emr_runner on a Spark standalone cluster of loopback
-nodes. It ends with `make run`'s summary, the cluster's id, each step's state and seconds, and
-what the configured cluster would have cost on AWS for that long. docs/rehearsal.md.
+nodes. Before the server ends, its buckets are kept on disk under rehearsals/ (keep.py). It ends
+with `make run`'s summary, pointing at the kept copy, the cluster's id, each step's state and
+seconds, and what the configured cluster would have cost on AWS for that long; a failed rehearsal,
+with why its first failed task failed. docs/rehearsal.md.
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ import yaml
 from botocore.config import Config
 
 from include import emr_checks, emr_code, emr_cost, loopback_only, wheelhouse
-from include.airflow_names import DAG_ID
 from local_platform import airflow_home, console
 from local_platform.airflow_command import Stopped
 from local_platform.command_settings import add_settings_arguments, add_verbose_argument, settings
 from local_platform.dag_test import dags_test, latest_pointer, read_report
 from local_platform.moto_s3 import REGION, LocalS3
 from local_platform.rehearsal.emr_runner import EmrRehearsalRunner, split_s3
+from local_platform.rehearsal.keep import REHEARSALS, keep_buckets, kept_path
 from local_platform.run_summary import print_report
 from pipeline import corpus_files, lake
 from pipeline.config import ConfigError, PipelineConfig
@@ -78,19 +80,20 @@ class Rehearsal:
         self.corpus_files, self.overrides, self.verbose = corpus_files, overrides, verbose
         self.home = home or airflow_home.AIRFLOW_HOME
         self.log = console.log_path(self.home, "rehearse")
-        self.folder = Path(tempfile.mkdtemp(prefix="gpt-pipeline-rehearsal-"))
-        defaults = read_yaml(DEFAULT_CONFIG_PATH)
-        bucket = BUCKET
         names = [Path(lake.local_path(uri) if "://" in uri else uri).name for uri in corpus_files]
         if len(set(names)) != len(names):
             raise PipelineError(f"corpus: files of the same name ({', '.join(names)}) would overwrite each other on S3")
-        self.corpus_uris = [f"s3://{bucket}/{CORPUS_PREFIX}/{name}" for name in names]
+        self.corpus_uris = [f"s3://{BUCKET}/{CORPUS_PREFIX}/{name}" for name in names]
+        settings = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), rehearsal_settings(BUCKET, self.corpus_uris))
+        self.folder = Path(tempfile.mkdtemp(prefix="gpt-pipeline-rehearsal-"))
         self.defaults_path = self.folder / "pipeline-rehearsal.yaml"
-        self.defaults_path.write_text(
-            yaml.safe_dump(apply_overrides(defaults, rehearsal_settings(bucket, self.corpus_uris)), sort_keys=False)
-        )
-        self.dag_config = load_config(self.defaults_path)
-        self.config = load_config(self.defaults_path, overrides)  # a bad override stops here, before Airflow
+        self.defaults_path.write_text(yaml.safe_dump(settings, sort_keys=False))
+        try:
+            self.dag_config = load_config(self.defaults_path)
+            self.config = load_config(self.defaults_path, overrides)  # a bad override stops here, before Airflow
+        except BaseException:  # no folder left behind
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
         self.s3: LocalS3 | None = None
         self.runner: EmrRehearsalRunner | None = None
         self.env: dict[str, str] = {}
@@ -120,6 +123,12 @@ class Rehearsal:
 
     def run(self) -> bool:
         return dags_test(self.env, {"overrides": self.overrides}, self.output)
+
+    def keep(self, parent: Path = REHEARSALS) -> Path:
+        """The moto server's buckets but the corpus uploaded from this machine, copied to a new
+        folder of parent named after the run's log."""
+        assert self.s3 is not None
+        return keep_buckets(self.s3.client(), parent, self.log.stem, leave_out=(f"{CORPUS_PREFIX}/",))
 
     def emr_client(self):
         assert self.s3 is not None
@@ -205,8 +214,23 @@ def print_cluster(rehearsal: Rehearsal) -> None:
         )
 
 
-def rehearse(corpus_files: list[str], overrides: list[str], verbose: bool = False) -> int:
-    with Rehearsal(corpus_files, overrides, verbose=verbose) as rehearsal:
+def keep_record(rehearsal: Rehearsal, parent: Path) -> Path | None:
+    """The rehearsal's buckets kept on disk; a disk that refuses them costs the copy, not the summary."""
+    try:
+        return rehearsal.keep(parent)
+    except OSError as error:
+        print(f"WARNING the rehearsal's record was not kept in {parent}: {error}", file=sys.stderr)
+        return None
+
+
+def rehearse(
+    corpus_files: list[str],
+    overrides: list[str],
+    verbose: bool = False,
+    home: Path | None = None,
+    kept_in: Path = REHEARSALS,
+) -> int:
+    with Rehearsal(corpus_files, overrides, home=home, verbose=verbose) as rehearsal:
         try:
             succeeded = rehearsal.run()
         except Stopped:
@@ -215,13 +239,17 @@ def rehearse(corpus_files: list[str], overrides: list[str], verbose: bool = Fals
             console.print_log_path(rehearsal.log)
             return 130
         rehearsal.end_clusters()
+        kept = keep_record(rehearsal, kept_in)
         if succeeded:
             report = read_report(rehearsal.s3, rehearsal.config)
+            if kept is not None:  # the server's run folder ends with the command
+                report["run_folder"] = kept_path(kept, report["run_folder"]).as_uri()
             print_report(report, *latest_pointer(rehearsal.s3, rehearsal.config))
+        if kept is not None:
+            print(f"\n{'kept:':<18}{kept} (the moto server's s3://bucket/key as bucket/key, but the corpus)")
         print_cluster(rehearsal)
         if not succeeded:
-            console.print_log_path(rehearsal.log)
-            print(f"ERROR the {DAG_ID} rehearsal failed; see the steps above", file=sys.stderr)
+            console.print_failure(rehearsal.log, rehearsal.output, "rehearsal")
             return 1
     return 0
 

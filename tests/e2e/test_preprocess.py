@@ -185,7 +185,7 @@ def test_a_bad_file_fails_the_application_with_exit_code_2(tmp_path, code_dir, c
     (folder / "latin1.txt").write_bytes("Grüße aus Köln\n".encode("latin-1") * 50)
     config = small_config(tmp_path, folder)
     run = new_run(config, "bad")
-    with pytest.raises(stage_runner.StageFailed, match="exit code 2"):
+    with pytest.raises(stage_runner.StageFailed, match=r"exit code 2: corpus file \S+latin1.txt is not UTF-8 text"):
         stage_runner.submit_stage("tokenize", config, run, code_dir)
     captured = capfd.readouterr()  # spark-submit merges the driver's stderr into its stdout
     errors = [line for line in (captured.out + captured.err).splitlines() if line.startswith("ERROR [tokenize]")]

@@ -21,9 +21,11 @@ import psutil
 import pytest
 
 from include import emr_code, emr_steps, wheelhouse
+from local_platform.console import shortened
 from local_platform.dag_test import latest_pointer, read_report
 from local_platform.rehearsal.emr_runner import split_s3
-from local_platform.rehearsal.rehearse import Rehearsal
+from local_platform.rehearsal.keep import kept_path
+from local_platform.rehearsal.rehearse import Rehearsal, rehearse
 from pipeline import run_folder
 from pipeline.run_folder import BACKUP_PATH
 from pipeline.stages import STAGE_NAMES
@@ -136,6 +138,7 @@ def rehearsed(tmp_path_factory, shakespeare):
                 ).decode()
                 for step in rehearsal.steps(cluster["Id"])
             },
+            "kept": rehearsal.keep(tmp / "rehearsals"),
         }
     return found
 
@@ -224,7 +227,8 @@ def test_the_console_shows_each_task_once_as_it_starts_and_ends_and_the_log_has_
     ended = re.findall(r"^task (\w+) +success +[\d,]+ s$", console, re.MULTILINE)
     assert sorted(started) == sorted(ended) == sorted(set(started)), console  # the sensors' pokes are one line
     assert set(STAGE_NAMES) <= set(started)
-    assert re.search(r"^train: step [\d,]+ of 300 ", console, re.MULTILINE), console  # the step sensor's progress
+    progress = re.findall(r"^train: step [\d,]+ of 300 .*$", console, re.MULTILINE)  # the step sensor's
+    assert progress and len(progress) == len(set(progress)), console  # once each, whatever the pokes
     assert max(len(line) for line in console.splitlines()) <= 200, console
     full = log.read_text()
     assert "[DAG TEST] starting task_id=tokenize" in full and "[DAG TEST] starting" not in console
@@ -249,6 +253,15 @@ def test_the_sample_is_not_empty(rehearsed):
     assert rehearsed["report"]["sample"].strip()
 
 
+def test_the_run_folder_and_its_report_page_stay_on_disk_after_the_server_ends(rehearsed):
+    run_folder_uri, kept = rehearsed["report"]["run_folder"], rehearsed["kept"]
+    assert kept.name == rehearsed["log"].stem
+    assert b"<html" in kept_path(kept, f"{run_folder_uri}/{run_folder.REPORT_HTML}").read_bytes()
+    kept_stats = json.loads(kept_path(kept, f"{run_folder_uri}/stats/train.json").read_text())
+    assert kept_stats == stats(rehearsed, "train")
+    assert (kept_path(kept, rehearsed["report"]["s3_uri"]) / run_folder.REPORT_HTML).is_file()  # the record
+
+
 def test_the_record_and_the_latest_pointer_are_on_s3(rehearsed):
     report = rehearsed["report"]
     assert report["s3_uri"].startswith(f"s3://{rehearsed['config'].s3.bucket}/")
@@ -264,24 +277,23 @@ def test_a_corpus_that_is_not_utf8_fails_the_run_with_the_stages_message_and_the
     bad = tmp_path / "latin1.txt"
     # Past the first 64 KB, which validate_config sniffs before the cluster: the stage meets it.
     bad.write_bytes(b"Plain text first.\n" * 4000 + "Ce garçon est très âgé\n".encode("latin-1") * 200)
-    with Rehearsal([str(good), str(bad)], SMALL, home=tmp_path / "airflow") as rehearsal:
-        succeeded = rehearsal.run()
-        rehearsal.end_clusters()
-        (cluster,) = rehearsal.clusters()
-        steps = rehearsal.steps(cluster["Id"])
-        # spark-submit's Python driver writes to the step's stdout, its stderr merged (Spark's PythonRunner)
-        log = rehearsal.step_log(cluster, steps[0]["Id"], "stdout")
-        errors = [
-            body
-            for key, body in objects(rehearsal, f"{rehearsal.config.lake}/runs").items()
-            if key.endswith("/" + run_folder.error_path("tokenize"))
-        ]
-    output = "".join(capfd.readouterr())
-    assert not succeeded
-    assert [(step["Name"], step["Status"]["State"]) for step in steps] == [("tokenize", "FAILED")]
-    assert cluster["Status"]["State"] == "TERMINATED"
-    (error,) = [json.loads(body)["error"] for body in errors]
+    home, rehearsals = tmp_path / "airflow", tmp_path / "rehearsals"
+    assert rehearse([str(good), str(bad)], SMALL, home=home, kept_in=rehearsals) == 1
+    out, err = capfd.readouterr()
+    (log,) = (home / "logs").glob("rehearse-*.log")
+    (kept,) = rehearsals.iterdir()
+    (error_file,) = kept.rglob(run_folder.error_path("tokenize"))  # the run folder, kept
+    error = json.loads(error_file.read_text())["error"]
     assert "latin1.txt" in error and "UTF-8" in error
-    assert f"ERROR [tokenize] {error}" in log  # the step's stdout.gz
-    assert f"ERROR tokenize stopped: {error}"[:199] in output  # what the DAG's task says, on the console
-    assert f"AirflowFailException: tokenize: {error}" in rehearsal.log.read_text()  # and in its full log
+    assert re.search(r"^  step tokenize +FAILED ", out, re.MULTILINE), out  # the only step
+    assert len(re.findall(r"^  step ", out, re.MULTILINE)) == 1, out
+    assert re.search(r"^EMR cluster: +j-\w+ \(.*\), TERMINATED: ", out, re.MULTILINE), out
+    # spark-submit's Python driver writes to the step's stdout, its stderr merged (Spark's PythonRunner)
+    assert f"    | ERROR [tokenize] {error}\n" in out  # the step's stdout.gz
+    assert f"ERROR tokenize stopped: {error}"[:199] in out  # what the DAG's task logs
+    assert shortened(f"ERROR tokenize failed: tokenize: {error}") in out  # why it failed, above the log
+    assert f"AirflowFailException: tokenize: {error}" in log.read_text()  # and in its full log
+    assert err.splitlines()[-2:] == [
+        f"full log:         {log}",
+        f"ERROR the gpt_pipeline rehearsal failed in task tokenize: tokenize: {error}",
+    ]

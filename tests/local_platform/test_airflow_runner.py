@@ -35,6 +35,10 @@ def test_settings_of_the_dag_itself_from_set_are_refused_before_airflow_starts(t
     assert "ERROR target: 'emr' (from SET): `make run` and `make airflow` run the DAG" in capsys.readouterr().err
     assert airflow_runner.main(["run", "--set", "target=emrr"]) == 2
     assert "target: Input should be 'local' or 'emr' (got 'emrr')" in capsys.readouterr().err
+    assert airflow_runner.main(["run", "--set", "data.stride=0"]) == 2
+    assert "ERROR invalid configuration: data.stride: Input should be greater than or equal to 1" in (
+        capsys.readouterr().err
+    )
     assert airflow_runner.main(["run", "--set", "schedule=@daily"]) == 2
     assert (
         "ERROR schedule: '@daily' (from SET): the DAG's schedule is read from pipeline.yaml" in capsys.readouterr().err

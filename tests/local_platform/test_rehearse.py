@@ -63,3 +63,15 @@ def test_without_namespaces_the_rehearsal_stops_unless_the_run_accepts_the_expos
         rehearse.contain_or_accept_exposure(["train.max_steps=5"], [])
     rehearse.contain_or_accept_exposure(["local.allow_exposed_workers=true"], [])
     assert "TensorFlow workers listen on every interface" in capsys.readouterr().err
+
+
+def test_a_bad_setting_or_corpus_is_named_before_airflow_starts(tmp_path, shakespeare_slice, monkeypatch, capsys):
+    monkeypatch.setattr(loopback_only, "interfaces", lambda: [loopback_only.LOOPBACK_INTERFACE])  # no namespace
+    monkeypatch.setattr(rehearse.airflow_home, "AIRFLOW_HOME", tmp_path / "home")
+    assert main(["--corpus", str(shakespeare_slice), "--set", "data.stride=0"]) == 2
+    assert "ERROR invalid configuration: data.stride: Input should be greater than or equal to 1" in (
+        capsys.readouterr().err
+    )
+    assert main(["--corpus", str(tmp_path / "missing" / "*.txt")]) == 2
+    assert f"ERROR corpus {(tmp_path / 'missing').as_uri()}/*.txt matches no file" in capsys.readouterr().err
+    assert not (tmp_path / "home").exists(), "Airflow's home was touched"

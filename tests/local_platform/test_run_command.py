@@ -1,6 +1,6 @@
-"""`make run`: a failed run ends with the stage error to act on, an interrupted one stops with its
-processes and is marked failed. A successful one, its summary and its quiet console are checked
-with the whole DAG run of tests/e2e/test_dag_local.py."""
+"""`make run`: a failed run ends with the failed task's reason to act on, an interrupted one stops
+with its processes and is marked failed. A successful one, its summary and its quiet console are
+checked with the whole DAG run of tests/e2e/test_dag_local.py."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 import pytest
 
 from local_platform import airflow_home, airflow_runner
+from local_platform.console import shortened
 from tests.local_platform.airflow_commands import (
     processes_in_session,
     run_states,
@@ -52,12 +53,14 @@ def test_a_failed_make_run_ends_with_the_stage_error_to_act_on(tmp_path, monkeyp
     (path,) = (tmp_path / "home" / "logs").glob("run-*.log")
     assert "looks binary" in path.read_text() and "Traceback" in path.read_text() and "Traceback" not in out
     assert re.search(r"^task tokenize +failed +[\d,]+ s$", out, re.MULTILINE), out
+    reason = (
+        f"stage tokenize failed with exit code 2: corpus file {corpus.as_uri()} looks binary (NUL byte at offset "
+        "10000); set data.bad_files=skip to leave such files out"
+    )
+    assert shortened(f"ERROR tokenize failed: {reason}") in out.splitlines()  # the task's exception, as it fails
     *_, log_line, last = err.rstrip("\n").split("\n")
     assert log_line == f"full log:         {path}"
-    assert last == (
-        f"ERROR the gpt_pipeline run failed in stage tokenize: corpus file {corpus.as_uri()} looks binary (NUL byte at "
-        "offset 10000); set data.bad_files=skip to leave such files out"
-    )
+    assert last == f"ERROR the gpt_pipeline run failed in task tokenize: {reason}"
     with sqlite3.connect(tmp_path / "home" / "airflow.db") as db:
         ((state, tries),) = db.execute("SELECT state, try_number FROM task_instance WHERE task_id = 'tokenize'")
     assert (state, tries) == ("failed", 1), "bad input is not retried"
