@@ -16,7 +16,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,12 +34,15 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
 from include.airflow_names import DAG_ID
+from local_platform import standalone
 from local_platform.moto_s3 import REGION
 from pipeline import run_folder
 from pipeline.config import REPO_ROOT
 from pipeline.config_files import load_config
 from pipeline.stages import STAGE_NAMES
 from tests.e2e.browser import ARTIFACTS, chromium
+from tests.listening import free_port
+from tests.local_platform.airflow_commands import exposed_sockets, trigger
 
 TASKS = ["validate_config", *STAGE_NAMES, "collect", "promote", "prune_runs"]
 USER = "admin"
@@ -50,20 +52,16 @@ RUN_TIMEOUT_S = 900
 API_TIMEOUT_S = 30
 TYPING_BURST = 16  # characters
 MAX_STEPS = 12  # the training budget set in the form (the default is 1500)
+SPARK_STARTED = "Running Spark version"  # a stage's first line in the task log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(STARTUP_TIMEOUT_S + RUN_TIMEOUT_S + 120)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class AirflowUI:
     """`make airflow` running in its own process group, with the simple auth manager's login page."""
 
     def __init__(self, home: Path, log_path: Path):
+        self.home = home
         self.password = secrets.token_urlsafe(16)
         passwords = home / "passwords.json"
         home.mkdir(parents=True)
@@ -136,21 +134,24 @@ class AirflowUI:
         with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as response:
             return json.load(response)
 
-    def stop(self) -> None:
-        """Ctrl-C, as in a terminal: SIGINT to the command's process group, then wait for it to empty."""
+    def stop(self) -> bool:
+        """Ctrl-C, as in a terminal: SIGINT to the command's process group, then wait for it to
+        empty; True when it did, False when what was left had to be killed."""
         group = self.process.pid
         try:
             os.killpg(group, signal.SIGINT)
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + standalone.STANDALONE_GRACE_S + 60
             while time.monotonic() < deadline:
                 os.killpg(group, 0)  # raises once no process of the group is left
                 self.process.poll()
                 time.sleep(1)
             os.killpg(group, signal.SIGKILL)
+            return False
         except ProcessLookupError:
-            pass
-        self.process.wait()
-        self.log.close()
+            return True
+        finally:
+            self.process.wait()
+            self.log.close()
 
 
 @pytest.fixture
@@ -360,3 +361,18 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
 
     screenshot = save_grid_screenshot(browser, airflow_ui, run_id)
     assert screenshot.stat().st_size > 10_000
+    stop_with_a_task_running(airflow_ui, shakespeare_slice, lake_dir)
+
+
+def stop_with_a_task_running(ui: AirflowUI, corpus: Path, lake_dir: Path) -> None:
+    """Ctrl-C during a second run's stage: Airflow's scheduler would wait forever in its
+    LocalExecutor's shutdown (its workers outlive it after a second Ctrl-C); the command must
+    still end, and end them. Nothing of it listened beyond loopback meanwhile."""
+    stages_started = ui.log_path.read_text(errors="replace").count(SPARK_STARTED)
+    trigger(ui.home, {"corpus": str(corpus), "overrides": [f"lake={lake_dir}", "train.max_steps=20"]})
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while ui.log_path.read_text(errors="replace").count(SPARK_STARTED) == stages_started:
+        assert ui.process.poll() is None and time.monotonic() < deadline, f"no stage started:\n{ui.log_tail()}"
+        time.sleep(0.5)
+    assert exposed_sockets(ui.process.pid) == [], "a socket of `make airflow` listens beyond loopback"
+    assert ui.stop(), f"Airflow or Spark processes outlived `make airflow` after Ctrl-C:\n{ui.log_tail()}"

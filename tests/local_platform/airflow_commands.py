@@ -3,6 +3,7 @@ leave in Airflow's home: for the tests of the local commands."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -11,7 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+from include.airflow_names import DAG_ID
+from local_platform.airflow_home import AIRFLOW
 from pipeline.config import REPO_ROOT
+from tests.listening import listening_sockets
 
 
 def start_make_run(home: Path, corpus: Path, log: Path) -> subprocess.Popen:
@@ -69,3 +73,30 @@ def stop_command(process: subprocess.Popen, how: str) -> None:
         os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C: every process of the command
     else:
         os.kill(process.pid, signal.SIGTERM)  # `kill`, a CI time-out: the command alone
+
+
+def exposed_sockets(session_id: int) -> list:
+    """The sockets the session's processes listen on beyond loopback, on this machine's network
+    (the train stage's, in a private network namespace that holds only loopback, are not)."""
+    ours = os.readlink("/proc/self/ns/net")
+    pids = [int(line.split()[1]) for line in processes_in_session(session_id)]
+    return [found for pid in pids for found in listening_sockets(pid) if not found.loopback and found.netns == ours]
+
+
+def trigger(home: Path, conf: dict) -> None:
+    """`airflow dags trigger` on the home's database, once the DAG processor has stored the DAG."""
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    deadline = time.monotonic() + 600
+    while True:
+        command = [str(AIRFLOW), "dags", "trigger", DAG_ID, "--conf", json.dumps(conf)]
+        done = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        assert time.monotonic() < deadline, f"the DAG could not be triggered:\n{done.stderr[-2000:]}"
+        time.sleep(5)

@@ -1,9 +1,8 @@
-"""`make airflow`: a taken port is named before Airflow starts, and Ctrl-C or SIGTERM stop it
-with a task running and leave no process."""
+"""`make airflow`: a taken port is named before Airflow starts, and SIGTERM stops it with a task
+running and leaves no process (Ctrl-C: tests/e2e/test_ui_trigger.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -11,16 +10,19 @@ import subprocess
 import sys
 import time
 from contextlib import suppress
-from pathlib import Path
 
 import pytest
 
-from include.airflow_names import DAG_ID
 from local_platform import airflow_home, airflow_runner, standalone
-from local_platform.airflow_home import AIRFLOW
 from pipeline.config import REPO_ROOT
-from tests.listening import listening_sockets
-from tests.local_platform.airflow_commands import processes_in_session, stop_command, wait_for_a_running_stage
+from tests.listening import free_port
+from tests.local_platform.airflow_commands import (
+    exposed_sockets,
+    processes_in_session,
+    stop_command,
+    trigger,
+    wait_for_a_running_stage,
+)
 
 
 def test_a_taken_ui_port_is_named_before_airflow_starts(tmp_path, monkeypatch, capsys):
@@ -43,45 +45,12 @@ def test_a_taken_ui_port_is_named_before_airflow_starts(tmp_path, monkeypatch, c
     standalone.check_port_free("127.0.0.1", str(port))
 
 
-def exposed_sockets(session_id: int) -> list:
-    """The sockets the session's processes listen on beyond loopback, on this machine's network
-    (the train stage's, in a private network namespace that holds only loopback, are not)."""
-    ours = os.readlink("/proc/self/ns/net")
-    pids = [int(line.split()[1]) for line in processes_in_session(session_id)]
-    return [found for pid in pids for found in listening_sockets(pid) if not found.loopback and found.netns == ours]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def trigger(home: Path, conf: dict) -> None:
-    """`airflow dags trigger` on the home's database, once the DAG processor has stored the DAG."""
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
-        "PYTHONPATH": str(REPO_ROOT),
-    }
-    deadline = time.monotonic() + 600
-    while True:
-        command = [str(AIRFLOW), "dags", "trigger", DAG_ID, "--conf", json.dumps(conf)]
-        done = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True)
-        if done.returncode == 0:
-            return
-        assert time.monotonic() < deadline, f"the DAG could not be triggered:\n{done.stderr[-2000:]}"
-        time.sleep(5)
-
-
 @pytest.mark.timeout(1500)  # up to 600 s to trigger, 600 s for a stage to start, then the shutdown's grace
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_make_airflow_stops_with_a_task_running_and_leaves_no_process(tmp_path, shakespeare_slice, how):
+def test_make_airflow_stopped_by_sigterm_with_a_task_running_leaves_no_process(tmp_path, shakespeare_slice):
     """Airflow's scheduler waits forever in its LocalExecutor's shutdown when stopped during a task
-    (its workers outlive it after a second Ctrl-C): the command must still end, and end them."""
+    (its workers outlive it after a second Ctrl-C): the command must still end, and end them. Ctrl-C
+    is checked at the end of tests/e2e/test_ui_trigger.py, whose `make airflow` is already running."""
     home, log = tmp_path / "home", tmp_path / "make-airflow.log"
     env = {**os.environ, "GPT_PIPELINE_AIRFLOW_HOME": str(home), "AIRFLOW__API__PORT": str(free_port())}
     process = subprocess.Popen(
@@ -97,7 +66,7 @@ def test_make_airflow_stops_with_a_task_running_and_leaves_no_process(tmp_path, 
         trigger(home, {"corpus": str(shakespeare_slice), "overrides": [f"lake={home / 'lake'}", "train.max_steps=20"]})
         wait_for_a_running_stage(process, log)
         assert exposed_sockets(process.pid) == [], "a socket of `make airflow` listens beyond loopback"
-        stop_command(process, how)
+        stop_command(process, "sigterm")
         assert process.wait(timeout=standalone.STANDALONE_GRACE_S + 60) == 0
         deadline = time.monotonic() + 30
         while processes_in_session(process.pid) and time.monotonic() < deadline:

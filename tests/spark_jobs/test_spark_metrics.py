@@ -16,7 +16,6 @@ import pytest
 
 from include.local_spark import LOOPBACK_CONF, spark_env
 from include.spark_submit import stage_conf
-from local_platform.rehearsal.cluster import SparkStandaloneCluster
 from pipeline import lake, run_folder
 from pipeline.config import REPO_ROOT
 from pipeline.stages import Stage
@@ -139,14 +138,6 @@ def test_the_history_server_serves_the_run_folders_event_logs_on_loopback(submit
         server.wait(timeout=30)
     assert [application["id"] for application in applications] == [submitted["stats"]["spark"]["app_id"]]
     assert sockets and all(socket.loopback for socket in sockets), sockets
-
-
-@pytest.mark.slow
-def test_on_a_standalone_cluster_each_worker_is_an_executor(tmp_path):
-    with SparkStandaloneCluster(workers=2) as cluster:
-        spark = submit(tmp_path, cluster.master_url)["stats"]["spark"]
-    assert spark["app_id"].startswith("app-") and spark["executors"] == 2
-    assert spark["tasks"] > 0 and spark["output_records"] == metrics_stage.ROWS
 
 
 def served_applications(url: str, server: subprocess.Popen, patience_s: float = 120) -> list[dict]:
