@@ -1,7 +1,8 @@
 """The EMR cluster of a run: the RunJobFlow request, which is the template
 include/config/emr_cluster.yaml filled in from the config; the template's instance table (each
 type's vCPUs, YARN memory and prices), which sizes the executors (include/emr_steps.py) and prices
-the cluster (include/emr_cost.py); and the allowance for the cluster to start and bootstrap.
+the cluster (include/emr_cost.py); the allowance for the cluster to start and bootstrap; and the
+run's clusters, found again by their tag.
 """
 
 from __future__ import annotations
@@ -100,6 +101,13 @@ def startup_limits(config: PipelineConfig) -> dict[str, int]:
 def run_tag(request: dict) -> str | None:
     """The value of the run's tag in a RunJobFlow request."""
     return next((tag["Value"] for tag in request.get("Tags", []) if tag["Key"] == RUN_TAG), None)
+
+
+def request_run_clusters(emr_client, request) -> list[str]:
+    """The active clusters tagged with the run of a RunJobFlow request; none when there is no
+    request (its XCom missing) or it names no run."""
+    tag_value = run_tag(request) if isinstance(request, dict) else None
+    return active_run_clusters(emr_client, tag_value) if tag_value else []
 
 
 def active_run_clusters(emr_client, tag_value: str) -> list[str]:
