@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from airflow.providers.amazon.aws.operators.emr import EmrTerminateJobFlowOperator
 from airflow.sdk import (
     DAG,
     Asset,
@@ -43,7 +42,12 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from include import emr_checks, emr_cluster, emr_cost, emr_steps, emr_tasks, local_spark, locks, preflight, trigger_form
 from include.airflow_names import DAG_ID, model_asset_name
-from include.emr_tasks import EmrClusterReadySensor, EmrCreateClusterOperator, EmrStageSensor
+from include.emr_tasks import (
+    EmrClusterReadySensor,
+    EmrCreateClusterOperator,
+    EmrStageSensor,
+    EmrTerminateRunClustersOperator,
+)
 from include.promote import latest_folder, promote_record
 from include.prune import remove_old_runs
 from include.record import AWS_CONN_ID, StoredRun, check_bucket, collect_record
@@ -305,7 +309,13 @@ with DAG(
 
         # Teardown: runs whatever happened to the steps; a failed step still fails the run, and so
         # does a failed terminate (the cluster may still be up), which a teardown would not otherwise.
-        terminate_cluster = EmrTerminateJobFlowOperator(task_id="terminate_cluster", job_flow_id=cluster_id, **aws)
+        # With no cluster id from create_cluster it finds the run's clusters by the request's tag.
+        terminate_cluster = EmrTerminateRunClustersOperator(
+            task_id="terminate_cluster",
+            job_flow_id=cluster_id,
+            job_flow_overrides=prepared["job_flow_overrides"],
+            **aws,
+        )
 
         chain(
             prepared,

@@ -1,7 +1,8 @@
 """The EMR cluster of a run: the RunJobFlow request, which is the template
 include/config/emr_cluster.yaml filled in from the config; the template's instance table (each
-type's vCPUs, YARN memory and prices), which sizes the executors (include/emr_steps.py) and prices
-the cluster (include/emr_cost.py); and the allowance for the cluster to start and bootstrap.
+type's vCPUs, YARN memory and prices), which sizes the executors (include/emr_steps.py), sets the
+core nodes' YARN memory in the request, and prices the cluster (include/emr_cost.py); the allowance
+for the cluster to start and bootstrap; and the run's clusters, found again by their tag.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ TEMPLATE_PATH = REPO_ROOT / "include" / "config" / "emr_cluster.yaml"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")
 RUN_TAG = "run_id"  # the cluster's tag naming its run, which finds the run's cluster again
 ACTIVE_STATES = ("STARTING", "BOOTSTRAPPING", "RUNNING", "WAITING")
+YARN_SITE = "yarn-site"
+# The memory a node's YARN offers containers, and the largest container it grants: both set to the
+# core type's yarn_memory_mb, which the executors are sized from, so that the two cannot disagree.
+YARN_MEMORY_PROPERTIES = ("yarn.nodemanager.resource.memory-mb", "yarn.scheduler.maximum-allocation-mb")
 
 
 def read_template() -> dict:
@@ -63,10 +68,11 @@ def fill(node: Any, values: dict[str, Any]) -> Any:
 
 
 def job_flow_overrides(config: PipelineConfig, run_id: str) -> dict:
-    """The RunJobFlow request for one run: the template filled in from the config."""
+    """The RunJobFlow request for one run: the template filled in from the config, with the core
+    nodes' YARN memory set in its Configurations."""
     template = read_template()
     instance_type(config, "master_instance_type", template)
-    instance_type(config, "core_instance_type", template)
+    core = instance_type(config, "core_instance_type", template)
     tags = {**config.emr.tags, RUN_TAG: run_id}
     values = {f"emr.{key}": value for key, value in config.emr.model_dump().items()}
     values |= {
@@ -79,7 +85,41 @@ def job_flow_overrides(config: PipelineConfig, run_id: str) -> dict:
         "idle_timeout_seconds": config.emr.idle_timeout_minutes * 60,
         "tags": [{"Key": key, "Value": value} for key, value in tags.items()],
     }
-    return fill(template["job_flow"], values)
+    request = fill(template["job_flow"], values)
+    request["Configurations"] = with_yarn_memory(request.get("Configurations", []), config.emr.core_instance_type, core)
+    return request
+
+
+def yarn_memory(node: dict) -> dict[str, str]:
+    """yarn-site's memory properties for nodes of a type of the instance table (RunJobFlow takes
+    strings only)."""
+    return dict.fromkeys(YARN_MEMORY_PROPERTIES, str(node["yarn_memory_mb"]))
+
+
+def with_yarn_memory(configurations: list[dict], core_type: str, node: dict) -> list[dict]:
+    """`configurations` with the core type's YARN memory merged into the template's yarn-site
+    classification (added when it has none). The template setting one of those properties to
+    another value is refused: the executors are sized from the instance table, and YARN would
+    refuse containers larger than it grants, or leave memory no executor uses."""
+    pinned = yarn_memory(node)
+    sites = [item for item in configurations if item.get("Classification") == YARN_SITE]
+    for site in sites:
+        refuse_other_yarn_memory(site.get("Properties", {}), pinned, core_type)
+    if not sites:
+        return [*configurations, {"Classification": YARN_SITE, "Properties": pinned}]
+    first = sites[0]
+    merged = {**first, "Properties": {**first.get("Properties", {}), **pinned}}
+    return [merged if item is first else item for item in configurations]
+
+
+def refuse_other_yarn_memory(properties: dict, pinned: dict[str, str], core_type: str) -> None:
+    for name, value in pinned.items():
+        if name in properties and str(properties[name]) != value:
+            raise ConfigError(
+                f"{TEMPLATE_PATH.name}: job_flow.Configurations sets {YARN_SITE} {name} to {properties[name]!r}, "
+                f"but the executors are sized from the instance_types table's yarn_memory_mb of {core_type} "
+                f"({value}), which the cluster is set to: change yarn_memory_mb there and leave {name} out"
+            )
 
 
 def core_ebs(config: PipelineConfig) -> dict | None:
@@ -100,6 +140,13 @@ def startup_limits(config: PipelineConfig) -> dict[str, int]:
 def run_tag(request: dict) -> str | None:
     """The value of the run's tag in a RunJobFlow request."""
     return next((tag["Value"] for tag in request.get("Tags", []) if tag["Key"] == RUN_TAG), None)
+
+
+def request_run_clusters(emr_client, request) -> list[str]:
+    """The active clusters tagged with the run of a RunJobFlow request; none when there is no
+    request (its XCom missing) or it names no run."""
+    tag_value = run_tag(request) if isinstance(request, dict) else None
+    return active_run_clusters(emr_client, tag_value) if tag_value else []
 
 
 def active_run_clusters(emr_client, tag_value: str) -> list[str]:

@@ -1,6 +1,5 @@
 """The EMR target's Airflow pieces, built from include/emr_cluster.py, emr_steps.py, emr_cost.py
-and emr_code.py; dags/gpt_pipeline.py composes them with the amazon provider's
-EmrTerminateJobFlowOperator:
+and emr_code.py, which dags/gpt_pipeline.py composes:
 
     validate_config (prepare) -> create_cluster -> wait_for_cluster -> tokenize -> ... -> generate
                                                                       -> collect -> terminate_cluster
@@ -12,8 +11,11 @@ second, and terminates the cluster it made if it fails after EMR made it: a fail
 teardown does not run. wait_for_cluster (EmrClusterReadySensor) waits for the cluster to start and bootstrap,
 within its own allowance, so that no step's time limit counts it. Each stage is one EmrStageSensor
 task: it adds the stage's EMR step and waits for it, so that a retry runs the stage again.
-terminate_cluster is a teardown task: it runs whatever happened to the steps, and since Airflow
-leaves teardown tasks out of the run's state, a failed step still fails the run.
+terminate_cluster (EmrTerminateRunClustersOperator) is a teardown task: it runs whatever happened
+to the steps, and since Airflow leaves teardown tasks out of the run's state, a failed step still
+fails the run. It terminates create_cluster's cluster and any other active one tagged with the run,
+so also when create_cluster left no cluster id (marked success by hand after its worker was lost,
+then terminate_cluster cleared).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import logging
 
 from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-from airflow.providers.amazon.aws.operators.emr import EmrCreateJobFlowOperator
+from airflow.providers.amazon.aws.operators.emr import EmrCreateJobFlowOperator, EmrTerminateJobFlowOperator
 from airflow.providers.amazon.aws.sensors.emr import EmrJobFlowSensor, EmrStepSensor
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout, TaskDeferred
 
@@ -106,15 +108,13 @@ class EmrCreateClusterOperator(EmrCreateJobFlowOperator):
     def run_cluster(self) -> str | None:
         """The run's active cluster, if an earlier try made one (its task cleared, or failed after
         RunJobFlow succeeded without knowing it): used instead of starting a second one."""
-        request = self.job_flow_overrides
-        tag_value = emr_cluster.run_tag(request) if isinstance(request, dict) else None
-        existing = emr_cluster.active_run_clusters(self.hook.conn, tag_value) if tag_value else []
+        existing = emr_cluster.request_run_clusters(self.hook.conn, self.job_flow_overrides)
         if existing:
             self.log.warning(
                 "cluster %s of this run (tag %s=%s) is active: using it instead of creating another",
                 existing[0],
                 emr_cluster.RUN_TAG,
-                tag_value,
+                emr_cluster.run_tag(self.job_flow_overrides),
             )
         return existing[0] if existing else None
 
@@ -135,6 +135,36 @@ class EmrCreateClusterOperator(EmrCreateJobFlowOperator):
             self.log.error("cluster %s: %s", cluster_id, outcome)
             return outcome
         return "it was terminated"
+
+
+class EmrTerminateRunClustersOperator(EmrTerminateJobFlowOperator):
+    """The provider's terminate operator, which also terminates every other active cluster tagged
+    with the run (`job_flow_overrides`, the run's request, names its tag), and those alone when
+    create_cluster's XCom holds no cluster id (job_flow_id None): create_cluster died between
+    RunJobFlow and pushing it (and was then marked success so that this teardown runs), or its XCom
+    was cleared. Whatever Airflow recorded, no cluster of the run is left running."""
+
+    template_fields = (*EmrTerminateJobFlowOperator.template_fields, "job_flow_overrides")
+
+    def __init__(self, *, job_flow_overrides: dict | str, job_flow_id: str | None = None, **kwargs):
+        super().__init__(job_flow_id=job_flow_id, **kwargs)
+        self.job_flow_overrides = job_flow_overrides
+
+    def execute(self, context) -> None:
+        if self.job_flow_id:
+            super().execute(context)  # first: the cluster create_cluster made, even if listing is refused
+        else:
+            self.log.warning("create_cluster left no cluster id: looking for the run's clusters by their tag")
+        others = [
+            cluster
+            for cluster in emr_cluster.request_run_clusters(self.hook.conn, self.job_flow_overrides)
+            if cluster != self.job_flow_id
+        ]
+        if others:
+            self.log.warning("terminating the run's other active cluster(s) (tag %s): %s", emr_cluster.RUN_TAG, others)
+            self.hook.conn.terminate_job_flows(JobFlowIds=others)
+        elif not self.job_flow_id:
+            self.log.info("no active cluster is tagged with this run: nothing to terminate")
 
 
 class EmrClusterReadySensor(EmrJobFlowSensor):

@@ -161,3 +161,60 @@ def test_emr_target_needs_a_core_node_per_worker_and_an_s3_lake():
         emr_config("emr.core_instance_count=1")
     with pytest.raises(ConfigError, match="lake must be an s3:// URI for target emr"):
         load_config(overrides=["target=emr"])
+
+
+def yarn_site(request: dict) -> dict:
+    (site,) = [item for item in request["Configurations"] if item["Classification"] == "yarn-site"]
+    return site["Properties"]
+
+
+@pytest.mark.parametrize("core_type, yarn_mb", [("m5.2xlarge", "24576"), ("m5.4xlarge", "57344")])
+def test_the_cluster_sets_the_yarn_memory_the_executors_are_sized_from(core_type, yarn_mb):
+    config = emr_config(f"emr.core_instance_type={core_type}")
+    request = emr_cluster.job_flow_overrides(config, RUN_ID)
+    valid_run_job_flow(request)
+
+    assert yarn_site(request) == {
+        "yarn.nodemanager.resource.memory-mb": yarn_mb,
+        "yarn.scheduler.maximum-allocation-mb": yarn_mb,
+    }
+    heap_mb, overhead_mb = emr_steps.train_executor_memory_mb(config)
+    assert heap_mb + overhead_mb + emr_steps.APPLICATION_MASTER_MB == int(yarn_mb)
+    classifications = [item["Classification"] for item in request["Configurations"]]
+    assert classifications == ["spark-env", "spark-defaults", "yarn-site"]  # the template's kept
+
+
+def test_a_yarn_site_of_the_template_keeps_its_properties_and_gets_the_memory():
+    template_site = {"Classification": "yarn-site", "Properties": {"yarn.log-aggregation-enable": "true"}}
+    spark_defaults = {"Classification": "spark-defaults", "Properties": {"spark.ui.enabled": "false"}}
+    node = {"yarn_memory_mb": 24576}
+
+    merged = emr_cluster.with_yarn_memory([template_site, spark_defaults], "m5.2xlarge", node)
+
+    assert merged == [
+        {
+            "Classification": "yarn-site",
+            "Properties": {
+                "yarn.log-aggregation-enable": "true",
+                "yarn.nodemanager.resource.memory-mb": "24576",
+                "yarn.scheduler.maximum-allocation-mb": "24576",
+            },
+        },
+        spark_defaults,
+    ]
+    same = {"Classification": "yarn-site", "Properties": {"yarn.scheduler.maximum-allocation-mb": "24576"}}
+    assert yarn_site({"Configurations": emr_cluster.with_yarn_memory([same], "m5.2xlarge", node)}) == {
+        "yarn.scheduler.maximum-allocation-mb": "24576",
+        "yarn.nodemanager.resource.memory-mb": "24576",
+    }
+
+
+def test_a_template_yarn_memory_other_than_the_instance_tables_is_refused_naming_it():
+    other = {"Classification": "yarn-site", "Properties": {"yarn.nodemanager.resource.memory-mb": "20000"}}
+    with pytest.raises(
+        ConfigError,
+        match=r"emr_cluster.yaml: job_flow.Configurations sets yarn-site yarn.nodemanager.resource.memory-mb to "
+        r"'20000', but the executors are sized from the instance_types table's yarn_memory_mb of m5.2xlarge "
+        r"\(24576\)",
+    ):
+        emr_cluster.with_yarn_memory([other], "m5.2xlarge", {"yarn_memory_mb": 24576})
