@@ -2,10 +2,13 @@
 operators from include/emr_tasks.py) run by Airflow's dag.test() against a moto server: EMR and S3
 over HTTP, fake credentials, every AWS endpoint forced to moto. moto never runs a step, so a
 thread plays the cluster: it finishes each step as it is added (failing one when asked) and writes
-what the stage would (its completion marker; train's stats and generate's sample for collect)."""
+what the stage would (its completion marker; train's stats and generate's sample for collect).
+validate_config's other refusals, which need no run, call its task's function with Airflow's
+context stood in for (`refusal`); one of them runs the DAG, to show the run stops there."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
@@ -17,9 +20,12 @@ from datetime import datetime, timedelta, timezone
 from unittest.mock import MagicMock
 
 import boto3
+import botocore.loaders
+import botocore.session
 import pytest
 import requests
 import yaml
+from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from airflow.sdk.exceptions import AirflowFailException
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.core.exceptions import JsonRESTError
@@ -33,6 +39,7 @@ from include.spark_submit import package_code
 from pipeline import lake, run_folder
 from pipeline.config import REPO_ROOT
 from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
+from pipeline.errors import PipelineError
 from pipeline.overrides import apply_overrides
 from pipeline.stages import STAGE_NAMES
 from spark_jobs.spark import stage_app
@@ -319,7 +326,12 @@ def run_dag(
     played = Cluster(
         aws["s3"], failures, bad_input, hanging, slow_train, ends_with, ends_after, timed_out, start_s, bootstrap_error
     )
-    with played as cluster:
+    with played as cluster, pytest.MonkeyPatch.context() as patch:
+        # Every AWS hook makes its own boto3 session, which would read botocore's service models from
+        # JSON again, and names its caller in the User-Agent header by reading the source of each
+        # frame on the stack: seconds of each run, testing nothing here.
+        patch.setattr(botocore.session, "create_loader", functools.cache(botocore.loaders.create_loader))
+        patch.setattr(AwsBaseHook, "_get_caller", lambda self, target_function_name="execute": "Unknown")
         dag_run = dag.test(run_conf=form)
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     return dag_run, states, cluster.finished
@@ -352,14 +364,16 @@ def zip_members(data: bytes) -> dict[str, bytes]:
 
 
 def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminates(
-    airflow_db, aws, run_job_flow_requests, monkeypatch, tmp_path
+    airflow_db, aws, run_job_flow_requests, starting_clusters, capfd, tmp_path
 ):
-    dag_run, states, finished = run_dag(aws)
+    """The cluster starts as EMR's do (STARTING for a few seconds) and train runs for a few pokes."""
+    dag_run, states, finished = run_dag(aws, start_s=3, slow_train=True)
     config = load_config(overrides=OVERRIDES)
     run_id = run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}")
 
     assert dag_run.state == "success", states
     assert set(states.values()) == {"success"}
+    logged = "".join(capfd.readouterr())
 
     # The cluster: exactly the template filled from the config, and terminated at the end.
     (request,) = run_job_flow_requests
@@ -387,6 +401,18 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
         assert step["Config"]["Args"] == expected["HadoopJarStep"]["Args"]
         assert step["Config"]["Jar"] == "command-runner.jar" and step["ActionOnFailure"] == "CONTINUE"
         assert step["Status"]["State"] == "COMPLETED"
+    # The first step was added once the cluster had started and bootstrapped: wait_for_cluster waited.
+    assert f"cluster {cluster['Id']} is STARTING" in logged
+    assert starting_clusters[0] == "WAITING" and set(starting_clusters) <= set(emr_tasks.READY_STATES)
+    assert len(starting_clusters) == len(STAGE_NAMES)
+    first = steps[-1]
+    assert first["Name"] == STAGE_NAMES[0]
+    assert first["Status"]["Timeline"]["CreationDateTime"] >= cluster["Status"]["Timeline"]["ReadyDateTime"]
+    # The train task logged the progress its running step reported.
+    assert (
+        "train: step 1,200 of 3,000 (40%), loss 3.2100, 25,000 tokens/s, about 12 min left (at 2026-11-22T10:00:00Z)"
+        in logged
+    )
 
     # The code, the bootstrap's requirements and the resolved config are in S3.
     code = emr_code.code_uri(config, run_id)
@@ -468,6 +494,11 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
         for step in aws["emr"].list_steps(ClusterId=only_cluster(aws)["Id"])["Steps"]
     }
     assert steps["window (try 2)"] == steps["window"]
+    # the retried step does not report the previous try's error as its own
+    config = load_config(overrides=OVERRIDES)
+    run_dir = run_folder.run_dir(config, run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}"))
+    with pytest.raises(aws["s3"].exceptions.NoSuchKey):
+        s3_bytes(aws, lake.join(run_dir, run_folder.error_path("window")))
     # the report's timeline: the cluster's start-up, then every step EMR ran, the failed try included
     run = run_folder.safe_run_id(dag_run.run_id)
     pages = [  # the record's and the run folder's (on S3 too)
@@ -479,16 +510,6 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
     for page in pages:
         bars = re.findall(r'<rect class="bar (\w+)"', page)
         assert bars == ["startup", "completed", "failed", *["completed"] * (len(STAGE_NAMES) - 1)]
-
-
-def test_the_train_task_logs_the_progress_the_running_step_reports(airflow_db, aws, capfd):
-    dag_run, states, _ = run_dag(aws, slow_train=True)
-    assert dag_run.state == "success", states
-    logged = "".join(capfd.readouterr())
-    assert (
-        "train: step 1,200 of 3,000 (40%), loss 3.2100, 25,000 tokens/s, about 12 min left (at 2026-11-22T10:00:00Z)"
-        in logged
-    )
 
 
 def test_a_step_that_fails_in_every_try_fails_the_run_and_the_cluster_is_still_terminated(airflow_db, aws):
@@ -538,16 +559,6 @@ def test_a_cluster_that_ended_between_steps_fails_the_next_stage_at_once_before_
     assert step_states(aws) == [("tokenize", "COMPLETED")]  # EMR would refuse the step; none was sent
 
 
-def test_a_retried_step_does_not_report_the_previous_trys_error_as_its_own(airflow_db, aws):
-    dag_run, states, finished = run_dag(aws, failures={"window": 1})
-
-    assert dag_run.state == "success", states
-    config = load_config(overrides=OVERRIDES)
-    run_dir = run_folder.run_dir(config, run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}"))
-    with pytest.raises(aws["s3"].exceptions.NoSuchKey):
-        s3_bytes(aws, lake.join(run_dir, run_folder.error_path("window")))
-
-
 def test_a_cluster_that_could_not_be_terminated_fails_the_run(airflow_db, aws, monkeypatch):
     def refused(self):
         raise ValidationException("User is not authorized to perform elasticmapreduce:TerminateJobFlows")
@@ -579,21 +590,6 @@ def test_a_step_its_own_time_limit_ended_fails_its_task_without_a_retry(airflow_
     assert dag_run.state == "failed" and states["window"] == "failed"
     assert (dag_run.get_task_instance("window").try_number, states["terminate_cluster"]) == (1, "success")
     assert finished == ["tokenize", "window"]
-
-
-def test_the_first_step_is_added_once_the_cluster_has_started_and_bootstrapped(
-    airflow_db, aws, starting_clusters, capfd
-):
-    dag_run, states, finished = run_dag(aws, start_s=3)
-
-    assert dag_run.state == "success" and finished == list(STAGE_NAMES), states
-    cluster = only_cluster(aws)
-    assert f"cluster {cluster['Id']} is STARTING" in "".join(capfd.readouterr())  # wait_for_cluster waited
-    assert starting_clusters[0] == "WAITING" and set(starting_clusters) <= set(emr_tasks.READY_STATES)
-    assert len(starting_clusters) == len(STAGE_NAMES)
-    first = aws["emr"].list_steps(ClusterId=cluster["Id"])["Steps"][-1]
-    assert first["Name"] == STAGE_NAMES[0]
-    assert first["Status"]["Timeline"]["CreationDateTime"] >= cluster["Status"]["Timeline"]["ReadyDateTime"]
 
 
 def test_a_cluster_not_started_within_its_allowance_fails_naming_the_setting_and_is_terminated(
@@ -706,21 +702,29 @@ def test_a_corpus_too_small_for_a_window_fails_before_any_cluster_exists(airflow
     assert [key for key in keys if not key.startswith("code/wheelhouse/")] == ["corpus/sonnets.txt"]
 
 
-def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluster_exists(
-    airflow_db, aws, emr_defaults, capfd
-):
+def refusal(aws, form: dict | None = None) -> str:
+    """What the DAG's validate_config raises, as its task's log shows it ("ConfigError: …"), run as
+    the task would run it in a DAG run (with target emr, the DAG file parsed now, the trigger form
+    `form`): its function called with Airflow's context stood in for. No cluster exists after it."""
+    dag_globals = runpy.run_path(str(DAG_FILE))
+    function = dag_globals["validate_config_for_emr"].function
+    context = {"params": dag_globals["dag"].params.dump() | (form or {}), "run_id": "manual__test"}
+    with pytest.raises(PipelineError) as raised, pytest.MonkeyPatch.context() as patch:
+        patch.setitem(function.__globals__, "get_current_context", lambda: context)
+        function()
+    assert aws["emr"].list_clusters()["Clusters"] == []
+    return f"{type(raised.value).__name__}: {raised.value}"
+
+
+def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluster_exists(aws, emr_defaults):
     settings = apply_overrides(read_yaml(emr_defaults), {"data": {"stride": 1}, "emr": {"core_ebs_gb": 1}})
     emr_defaults.write_text(yaml.safe_dump(settings))
     aws["s3"].put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=SONNET_LINE * 1_000_000)  # 40 MB
-    dag_run, states, finished = run_dag(aws)
 
-    logged = "".join(capfd.readouterr())
     assert (
         "PipelineError: each of the 2 training workers copies at least 1.3 GB of TFRecord shards to its core "
-        "node, more than its emr.core_ebs_gb = 1 GB volume" in logged
+        "node, more than its emr.core_ebs_gb = 1 GB volume" in refusal(aws)
     )
-    assert states["validate_config"] == "failed" and finished == []
-    assert aws["emr"].list_clusters()["Clusters"] == []
 
 
 @pytest.mark.parametrize(
@@ -745,15 +749,9 @@ def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluste
     ],
     ids=["record", "logs", "lake", "corpus", "shipped-record", "shipped-lake-and-code", "service-role-v2"],
 )
-def test_an_account_setting_that_cannot_work_fails_before_any_cluster_exists(
-    airflow_db, aws, emr_defaults, capfd, setting, message
-):
+def test_an_account_setting_that_cannot_work_fails_before_any_cluster_exists(aws, emr_defaults, setting, message):
     emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), setting)))
-    dag_run, states, finished = run_dag(aws)
-
-    assert f"Error: {message}" in "".join(capfd.readouterr())
-    assert states["validate_config"] == "failed" and finished == []
-    assert aws["emr"].list_clusters()["Clusters"] == []
+    assert f"Error: {message}" in refusal(aws)
 
 
 @pytest.mark.parametrize(
@@ -779,13 +777,11 @@ def test_an_account_setting_that_cannot_work_fails_before_any_cluster_exists(
     ids=["no-budget", "100-core-nodes", "raised-cap", "7-day-idle-timeout"],
 )
 def test_a_run_over_a_bound_of_its_bill_fails_before_any_cluster_exists(
-    airflow_db, aws, emr_defaults, capfd, run_job_flow_requests, deployment, form, message
+    aws, emr_defaults, run_job_flow_requests, deployment, form, message
 ):
     emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), deployment)))
-    dag_run, states, finished = run_dag(aws, form=form)
-
-    assert message in "".join(capfd.readouterr())
-    assert states["validate_config"] == "failed" and run_job_flow_requests == []
+    assert message in refusal(aws, form)
+    assert run_job_flow_requests == []
 
 
 @pytest.mark.parametrize(
@@ -797,25 +793,20 @@ def test_a_run_over_a_bound_of_its_bill_fails_before_any_cluster_exists(
     ],
     ids=["cp1252", "utf-16", "binary"],
 )
-def test_a_corpus_object_that_is_not_text_fails_before_any_cluster_exists(
-    airflow_db, aws, capfd, run_job_flow_requests, body, problem
-):
+def test_a_corpus_object_that_is_not_text_fails_before_any_cluster_exists(aws, run_job_flow_requests, body, problem):
     aws["s3"].put_object(Bucket=BUCKET, Key="corpus/windows.txt", Body=body)
-    dag_run, states, finished = run_dag(aws)
+    refused = refusal(aws)
 
-    logged = "".join(capfd.readouterr())
-    assert f"PipelineError: corpus file s3://{BUCKET}/corpus/windows.txt {problem}" in logged
-    assert "set data.bad_files=skip to leave such files out" in logged
-    assert states["validate_config"] == "failed" and run_job_flow_requests == []
+    assert f"PipelineError: corpus file s3://{BUCKET}/corpus/windows.txt {problem}" in refused
+    assert "set data.bad_files=skip to leave such files out" in refused
+    assert run_job_flow_requests == []
 
 
-def test_a_run_cannot_move_the_cluster_to_another_region_or_connection(airflow_db, aws, capfd):
+def test_a_run_cannot_move_the_cluster_to_another_region_or_connection(aws):
     """The cluster's tasks were built with the DAG's region and connection when Airflow parsed it."""
-    dag_run, states, finished = run_dag(aws, form={"overrides": ["emr.region=us-west-2"]})
-
-    assert "ConfigError: emr.region: this DAG's emr.region is None" in "".join(capfd.readouterr())
-    assert states["validate_config"] == "failed" and finished == []
-    assert aws["emr"].list_clusters()["Clusters"] == []
+    assert "ConfigError: emr.region: this DAG's emr.region is None" in refusal(
+        aws, {"overrides": ["emr.region=us-west-2"]}
+    )
 
 
 def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr_defaults):
