@@ -827,4 +827,4 @@ def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr
         "create_cluster" in wait.upstream_task_ids and "wait_for_cluster" in dag.get_task("tokenize").upstream_task_ids
     )
     terminate = dag.get_task("terminate_cluster")
-    assert terminate.is_teardown and terminate.upstream_task_ids == {"create_cluster", "collect"}
+    assert terminate.is_teardown and terminate.upstream_task_ids == {"validate_config", "create_cluster", "collect"}
