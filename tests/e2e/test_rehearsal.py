@@ -2,8 +2,8 @@
 every step really run on a Spark standalone cluster whose two core nodes are 127.0.0.2 and
 127.0.0.3 (local_platform/rehearsal). One rehearsal on a slice of tinyshakespeare with a small
 training budget, in which one TensorFlow worker is killed once a training backup exists, is
-checked by the tests below, one claim each; another rehearsal fails on a corpus that is not
-UTF-8 text."""
+checked by the tests below, one claim each; another, `make rehearse`'s own command in its private
+network namespace, fails on a corpus that is not UTF-8 text, and lists what it listened on."""
 
 from __future__ import annotations
 
@@ -11,10 +11,15 @@ import csv
 import gzip
 import io
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from contextlib import redirect_stdout
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -25,12 +30,14 @@ from local_platform.console import shortened
 from local_platform.dag_test import latest_pointer, read_report
 from local_platform.rehearsal.emr_runner import split_s3
 from local_platform.rehearsal.keep import kept_path
-from local_platform.rehearsal.rehearse import Rehearsal, rehearse
+from local_platform.rehearsal.rehearse import Rehearsal
 from pipeline import run_folder
+from pipeline.config import REPO_ROOT
 from pipeline.run_folder import BACKUP_PATH
 from pipeline.stages import STAGE_NAMES
 from spark_jobs.generate import load_model
 from tests.conftest import SMALL_DATA
+from tests.listening import watch_listening
 
 # The module's first test runs the rehearsal (`rehearsed`): 174 s on 2 cores (docs/rehearsal.md),
 # several times that on a loaded machine whose stages first record their JVM class archives; the
@@ -269,19 +276,46 @@ def test_the_record_and_the_latest_pointer_are_on_s3(rehearsed):
     assert report["emr"]["cluster_id"] == rehearsed["cluster"]["Id"]
 
 
-def test_a_corpus_that_is_not_utf8_fails_the_run_with_the_stages_message_and_the_cluster_ends(
-    tmp_path, shakespeare, capfd
-):
-    good = tmp_path / "slice.txt"
-    good.write_text(shakespeare.read_text(encoding="utf-8")[:30_000], encoding="utf-8")
-    bad = tmp_path / "latin1.txt"
+def test_a_corpus_that_is_not_utf8_fails_the_run_with_the_stages_message_and_the_cluster_ends(tmp_path, shakespeare):
+    """`make rehearse`'s own command, which starts itself again in a private network namespace that
+    holds only loopback: every socket of the rehearsal (moto, Spark's master and workers) is there."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "slice.txt").write_text(shakespeare.read_text(encoding="utf-8")[:30_000], encoding="utf-8")
     # Past the first 64 KB, which validate_config sniffs before the cluster: the stage meets it.
-    bad.write_bytes(b"Plain text first.\n" * 4000 + "Ce garçon est très âgé\n".encode("latin-1") * 200)
-    home, rehearsals = tmp_path / "airflow", tmp_path / "rehearsals"
-    assert rehearse([str(good), str(bad)], SMALL, home=home, kept_in=rehearsals) == 1
-    out, err = capfd.readouterr()
+    bad = b"Plain text first.\n" * 4000 + "Ce garçon est très âgé\n".encode("latin-1") * 200
+    (corpus / "latin1.txt").write_bytes(bad)
+    home = tmp_path / "airflow"
+    ran: list[subprocess.CompletedProcess] = []
+    watched = watch_listening(lambda: ran.append(make_rehearse(corpus / "*.txt", SMALL, home)))
+    out, err = ran[0].stdout, ran[0].stderr
+    assert ran[0].returncode == 1, err[-3000:]
+    kept = Path(re.search(r"^kept: +(\S+) ", out, re.MULTILINE).group(1))
+    try:
+        check_the_failed_rehearsal(out, err, home, kept)
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
+    print("\nlistening during the rehearsal:\n  " + "\n  ".join(watched.summary()))
+    assert {entry.name for entry in watched.seen.values()} >= {"java", "python"}, watched.summary()
+    assert all(entry.netns != watched.here for entry in watched.seen.values()), watched.summary()
+    assert list(watched.namespaces.values()) == [["lo"]], watched.namespaces  # one namespace, only loopback
+    watched.assert_loopback_only()
+
+
+def make_rehearse(corpus: Path, settings: list[str], home: Path) -> subprocess.CompletedProcess:
+    """`make rehearse CORPUS=… SET=…`'s command, with Airflow's home elsewhere."""
+    command = [sys.executable, "-m", "local_platform.rehearsal.rehearse", "--corpus", str(corpus)]
+    return subprocess.run(
+        [*command, *(f"--set={item}" for item in settings)],
+        env={**os.environ, "GPT_PIPELINE_AIRFLOW_HOME": str(home)},
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+
+
+def check_the_failed_rehearsal(out: str, err: str, home: Path, kept: Path) -> None:
     (log,) = (home / "logs").glob("rehearse-*.log")
-    (kept,) = rehearsals.iterdir()
     (error_file,) = kept.rglob(run_folder.error_path("tokenize"))  # the run folder, kept
     error = json.loads(error_file.read_text())["error"]
     assert "latin1.txt" in error and "UTF-8" in error
