@@ -8,6 +8,7 @@ target: local   validate_config → tokenize → window → positional_embed →
 target: emr     validate_config → create_cluster → wait_for_cluster → tokenize → window → positional_embed
                   → export → train → generate → collect → promote, prune_runs
                                                           → terminate_cluster (teardown of create_cluster)
+                 create_cluster or wait_for_cluster failed → end_orphaned_clusters (the run's clusters, by tag)
 ```
 
 Each stage is one Spark application run with spark-submit: on this machine's Spark, or as a step of
@@ -16,7 +17,8 @@ an EMR cluster made for the run. Stages talk only through the run folder `{lake}
 pointer at the new model (updating the `gpt_pipeline_model` asset), `prune_runs` removes older run
 folders when `keep_runs` is set. On EMR, `wait_for_cluster` waits for the cluster to start and
 bootstrap (within `emr.startup_timeout_minutes`) before the first step, `terminate_cluster` runs
-whatever happened after `create_cluster`, and a failed step still fails the run.
+whatever happened after `create_cluster`, and a failed step still fails the run; should
+`create_cluster` itself fail, `end_orphaned_clusters` ends whatever cluster carries the run's tag.
 
 Defaults come from include/config/pipeline.yaml (`target` chooses the branch); the trigger form
 changes them for one run. The tasks, the trigger form and the settings a run cannot change:
@@ -33,6 +35,7 @@ from airflow.sdk import (
     Asset,
     AssetAny,
     AssetOrTimeSchedule,
+    TriggerRule,
     XComArg,
     chain,
     get_current_context,
@@ -317,6 +320,17 @@ with DAG(
             **aws,
         )
 
+        # A create_cluster that died between RunJobFlow and its XCom (a worker killed outright runs
+        # no on_kill) fails, and Airflow runs no teardown of a failed setup: this task then ends the
+        # run's clusters by their tag. It follows wait_for_cluster, as a setup's own downstream tasks
+        # must be all_success; skipped unless one of the two failed.
+        end_orphaned_clusters = EmrTerminateRunClustersOperator(
+            task_id="end_orphaned_clusters",
+            job_flow_overrides=prepared["job_flow_overrides"],
+            trigger_rule=TriggerRule.ONE_FAILED,
+            **aws,
+        )
+
         chain(
             prepared,
             create_cluster,
@@ -325,5 +339,6 @@ with DAG(
             report,
             terminate_cluster.as_teardown(setups=create_cluster, on_failure_fail_dagrun=True),
         )
+        wait_for_cluster >> end_orphaned_clusters
         promote(report)
         report >> prune_runs(run_dir)

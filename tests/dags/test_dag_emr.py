@@ -372,6 +372,7 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     run_id = run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}")
 
     assert dag_run.state == "success", states
+    assert states.pop("end_orphaned_clusters") == "skipped"  # create_cluster succeeded
     assert set(states.values()) == {"success"}
     logged = "".join(capfd.readouterr())
 
@@ -484,6 +485,7 @@ def step_states(aws) -> list[tuple[str, str]]:
 def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, aws, capfd):
     dag_run, states, finished = run_dag(aws, failures={"window": 1})
 
+    assert states.pop("end_orphaned_clusters") == "skipped"
     assert dag_run.state == "success" and set(states.values()) == {"success"}, states
     assert finished == ["tokenize", "window", "window (try 2)", *STAGE_NAMES[2:]]
     assert step_states(aws)[:3] == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "COMPLETED")]
@@ -644,6 +646,25 @@ def test_a_create_that_fails_after_emr_made_the_cluster_terminates_it(airflow_db
     assert "elasticmapreduce:DescribeCluster; it was terminated" in logged
     assert dag_run.state == "failed" and states["create_cluster"] == "failed", states
     assert states["wait_for_cluster"] == "upstream_failed" and finished == []
+
+
+def test_a_create_killed_after_run_job_flow_leaves_no_cluster_running(airflow_db, aws, monkeypatch):
+    """A worker killed outright between RunJobFlow and the XCom runs none of create_cluster's own
+    clean-up, and Airflow runs no teardown of a failed setup: end_orphaned_clusters ends the
+    cluster by the run's tag."""
+
+    def killed_after_run_job_flow(self, context):
+        self.hook.create_job_flow(self.job_flow_overrides)
+        raise RuntimeError("the worker died")  # no on_kill, no XCom: as after SIGKILL
+
+    monkeypatch.setattr(emr_tasks.EmrCreateClusterOperator, "execute", killed_after_run_job_flow)
+    dag_run, states, finished = run_dag(aws)
+
+    ((cluster_id, cluster),) = emr_backend().clusters.items()
+    assert cluster.state == "TERMINATED", cluster_id
+    assert dag_run.state == "failed" and states["create_cluster"] == "failed", states
+    assert states["end_orphaned_clusters"] == "success" and states["terminate_cluster"] != "success", states
+    assert finished == []
 
 
 def create_operator(aws, **kwargs) -> emr_tasks.EmrCreateClusterOperator:

@@ -99,7 +99,7 @@ def test_the_emr_dag_parses_and_builds_its_cluster_and_steps_without_spark_or_te
         from pipeline.stages import STAGE_NAMES
 
         dag = dagbag.dags["gpt_pipeline"]
-        cluster = {"create_cluster", "wait_for_cluster", *STAGE_NAMES, "terminate_cluster"}
+        cluster = {"create_cluster", "wait_for_cluster", *STAGE_NAMES, "terminate_cluster", "end_orphaned_clusters"}
         assert set(dag.task_ids) == {"validate_config", *cluster, "collect", "promote", "prune_runs"}, dag.task_ids
         assert dag.get_task("terminate_cluster").is_teardown
 
