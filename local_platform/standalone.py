@@ -5,7 +5,9 @@ until Ctrl-C, so that runs can be triggered from the form and watched."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
+import secrets
 import socket
 from contextlib import closing
 from pathlib import Path
@@ -18,6 +20,8 @@ from pipeline.config import PipelineConfig
 from pipeline.errors import PipelineError
 
 STANDALONE_GRACE_S = 20  # after Ctrl-C, how long `make airflow` waits for Airflow to stop by itself
+ADMIN = "admin"
+PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # Airflow's own name, in its home
 
 # The scheduler and the triggerer each start a log server on every interface (ports 8793 and 8794;
 # Airflow has no setting for its address). On one machine the API server reads the task logs from
@@ -41,12 +45,25 @@ def ui(config: PipelineConfig) -> int:
             env["AIRFLOW__API__HOST"], env["AIRFLOW__API__PORT"] = host, port
             api = f"http://{host}:{port}"
             env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{api}/execution/"
-            # One local user: no login page; the API server listens on loopback only. Setting the
-            # variable to False brings back the login page (user admin, password in airflow_home/).
-            env.setdefault("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "True")
+            passwords = login_settings(env, home)
             env["PATH"] = os.pathsep.join([str(components_without_log_servers(home)), env["PATH"]])
             print(f"Airflow UI: {api} (DAG {DAG_ID}); S3 (moto): {s3.endpoint_url}; Ctrl-C stops both", flush=True)
+            print(f"log in as {ADMIN}, password in {passwords} (readable by you alone)", flush=True)
             return serve(env)
+
+
+def login_settings(env: dict[str, str], home: Path) -> Path:
+    """The login page on, as `airflow standalone` has it: one admin user whose password is made up
+    on first use and kept in Airflow's home, readable by its owner alone; nobody gets a token
+    without it (a local user, or a web page the browser was sent to). Returns the password file."""
+    env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "False"
+    env.setdefault("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", f"{ADMIN}:admin")
+    passwords = Path(env.setdefault("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(home / PASSWORDS_FILE)))
+    if not passwords.exists():
+        descriptor = os.open(passwords, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            json.dump({ADMIN: secrets.token_urlsafe(16)}, file)
+    return passwords
 
 
 def components_without_log_servers(home: Path) -> Path:

@@ -16,9 +16,11 @@ import re
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import quote
@@ -46,6 +48,7 @@ from tests.local_platform.airflow_commands import exposed_sockets, trigger
 
 TASKS = ["validate_config", *STAGE_NAMES, "collect", "promote", "prune_runs"]
 USER = "admin"
+LOGIN_LINE = re.compile(r"log in as admin, password in (?P<file>\S+) \(readable by you alone\)")
 UI_LINE = re.compile(r"Airflow UI: (?P<api>http://\S+) \(DAG \w+\); S3 \(moto\): (?P<s3>http://\S+);")
 STARTUP_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 900
@@ -62,10 +65,7 @@ class AirflowUI:
 
     def __init__(self, home: Path, log_path: Path):
         self.home = home
-        self.password = secrets.token_urlsafe(16)
-        passwords = home / "passwords.json"
-        home.mkdir(parents=True)
-        passwords.write_text(json.dumps({USER: self.password}))
+        self.password = ""  # the one `make airflow` made up, read from the file it names
         env = dict(os.environ)
         env.update(
             {
@@ -73,9 +73,6 @@ class AirflowUI:
                 "AIRFLOW__API__PORT": str(free_port()),
                 "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                 "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             }
         )
         # The test session's Airflow settings (tests/conftest.py) are not the command's.
@@ -108,6 +105,8 @@ class AirflowUI:
             )
             if not self.api and (match := UI_LINE.search(self.log_path.read_text(errors="replace"))):
                 self.api, self.s3_endpoint = match.group("api"), match.group("s3")
+            if not self.password and (match := LOGIN_LINE.search(self.log_path.read_text(errors="replace"))):
+                self.password = json.loads(Path(match.group("file")).read_text())[USER]
             if self.api and self._dag_listed():
                 return
             time.sleep(2)
@@ -269,7 +268,19 @@ def save_grid_screenshot(driver: WebDriver, ui: AirflowUI, run_id: str) -> Path:
     return path
 
 
+def status_without_credentials(ui: AirflowUI, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{ui.api}{path}", timeout=API_TIMEOUT_S) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
 def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, browser, shakespeare_slice, tmp_path):
+    # `make airflow` hands out no token, and serves no DAG, to whoever comes without the password.
+    assert status_without_credentials(airflow_ui, "/auth/token") in (401, 403)
+    assert status_without_credentials(airflow_ui, f"/api/v2/dags/{DAG_ID}") in (401, 403)
+    assert stat.S_IMODE((airflow_ui.home / standalone.PASSWORDS_FILE).stat().st_mode) == 0o600
     lake_dir = tmp_path / "lake"
     log_in(browser, airflow_ui)
     form = open_trigger_form(browser, airflow_ui)

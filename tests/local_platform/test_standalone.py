@@ -3,9 +3,11 @@ running and leaves no process (Ctrl-C: tests/e2e/test_ui_trigger.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -75,3 +77,18 @@ def test_make_airflow_stopped_by_sigterm_with_a_task_running_leaves_no_process(t
     finally:
         with suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_make_airflow_has_a_login_whose_password_only_its_owner_can_read(tmp_path):
+    env: dict[str, str] = {}
+    passwords = standalone.login_settings(env, tmp_path)
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "False"  # no token without a password
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"
+    assert passwords == tmp_path / standalone.PASSWORDS_FILE
+    assert stat.S_IMODE(passwords.stat().st_mode) == 0o600
+    (password,) = json.loads(passwords.read_text()).values()
+    assert len(password) >= 16
+    standalone.login_settings({}, tmp_path)  # the next start keeps it
+    assert json.loads(passwords.read_text()) == {"admin": password}
+    other = standalone.login_settings({"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"}, tmp_path)
+    assert other == passwords  # an inherited setting does not open it again
