@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from include import class_archive, loopback_only
+from include import class_archive, locks, loopback_only
 from include.spark_submit import local_master, spark_submit_argv
 from pipeline import run_folder, stages
 from pipeline.config import PipelineConfig
@@ -135,8 +135,13 @@ def run_spark_submit(argv: list[str], env: dict[str, str]) -> int:
     """spark-submit's exit code. When this process is stopped meanwhile (Ctrl-C, SIGTERM, Airflow
     stopping the task), spark-submit gets SIGTERM first: Spark's shutdown then stops its Python
     workers and removes its temporary folders, which a SIGKILL would leave in /tmp. What still
-    runs STOP_GRACE_S later is killed."""
-    process = subprocess.Popen(argv, env=env)
+    runs STOP_GRACE_S later is killed. Should this process be killed outright, spark-submit gets
+    SIGTERM all the same (loopback_only.stop_with_parent), and until it has ended it holds the
+    locks this process held (the run folder's), so no retry works in the run folder meanwhile."""
+    parent = os.getpid()
+    process = subprocess.Popen(
+        argv, env=env, pass_fds=locks.held_fds(), preexec_fn=lambda: loopback_only.stop_with_parent(parent)
+    )
     try:
         return process.wait()
     except BaseException:
