@@ -14,6 +14,7 @@ other files stay until they run again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections.abc import Callable
@@ -77,6 +78,7 @@ REMOVING = "REMOVING"
 # Reads a file of a run folder, named by its path there, as bytes: how the reading functions below
 # reach a run folder the lake cannot (Airflow's tasks read S3 through their connection, include/record.py).
 ReadFile = Callable[[str], bytes]
+RUN_ID_HASH_CHARS = 8  # of the SHA-256 of a run id safe_run_id had to change
 
 
 class StageIncomplete(PipelineError):
@@ -99,11 +101,16 @@ def safe_run_id(run_id: str) -> str:
     """The run id as a folder name: Airflow run ids hold ':' and '+', which are awkward in paths and
     S3 keys, and a leading '.' would make a hidden folder, or with '..' the lake itself. Applied once,
     where a run id comes in (the DAG's form_config, the stage runner's --run-id); what follows, the
-    run folder, the EMR code's folder and the cluster's name and tags, takes the result as it is."""
+    run folder, the EMR code's folder and the cluster's name and tags, takes the result as it is.
+    A run id that had to change gets the start of its SHA-256 appended, so that two that differ only
+    where they changed (`a:b` and `a+b`, or `a_b` itself) never share a run folder."""
     if not run_id:
         raise PipelineError("a run id must not be empty")
     safe = "".join(char if char.isalnum() or char in "-_." else "_" for char in run_id)
-    return "_" + safe[1:] if safe.startswith(".") else safe
+    safe = "_" + safe[1:] if safe.startswith(".") else safe
+    if safe == run_id:
+        return safe
+    return f"{safe}-{hashlib.sha256(run_id.encode()).hexdigest()[:RUN_ID_HASH_CHARS]}"
 
 
 def read_config(run: str, read: ReadFile | None = None) -> PipelineConfig:

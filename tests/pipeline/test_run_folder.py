@@ -79,7 +79,7 @@ def test_the_local_runner_keeps_an_existing_runs_settings(tmp_path):
 def test_the_local_runners_run_id_is_made_a_folder_name_as_it_is_read():
     from local_platform import stage_runner
 
-    assert stage_runner.parse_args(["--run-id", "books 2026:11"]).run_id == "books_2026_11"
+    assert stage_runner.parse_args(["--run-id", "books 2026:11"]).run_id.startswith("books_2026_11-")
     assert stage_runner.parse_args(["--run-id", ""]).run_id is None  # a new run, as without --run-id
 
 
@@ -291,11 +291,11 @@ def test_the_local_runner_refuses_a_new_run_without_the_stages_its_stages_read(t
 @pytest.mark.parametrize(
     "run_id, folder",
     [
-        ("manual__2026-11-22T19:54:54+00:00", "manual__2026-11-22T19_54_54_00_00"),
-        ("my run", "my_run"),
-        ("..", "_."),
-        (".", "_"),
-        ("../../etc", "_._.._etc"),
+        ("manual__2026-11-22T19:54:54+00:00", "manual__2026-11-22T19_54_54_00_00-0176b673"),
+        ("my run", "my_run-d33e7609"),
+        ("..", "_.-5ec1f7e7"),
+        (".", "_-cdb4ee2a"),
+        ("../../etc", "_._.._etc-74ccf3c5"),
         ("v1.2", "v1.2"),
     ],
 )
@@ -308,6 +308,18 @@ def test_a_run_id_never_names_a_hidden_folder_or_one_outside_runs(tmp_path, run_
             run_folder.run_dir(config, run_id)
     with pytest.raises(PipelineError, match="a run id must not be empty"):
         run_folder.run_dir(config, "")
+
+
+def test_run_ids_that_differ_only_where_they_were_made_safe_never_share_a_run_folder():
+    run_ids = [
+        "manual__2026-11-22T19:54:54+00:00",
+        "manual__2026-11-22T19_54_54+00_00",
+        "manual__2026-11-22T19_54_54_00_00",
+    ]
+    folders = [run_folder.safe_run_id(run_id) for run_id in run_ids]
+    assert len(set(folders)) == len(run_ids)
+    assert folders[2] == run_ids[2]  # a folder name already stays as it is
+    assert all(run_folder.safe_run_id(folder) == folder for folder in folders)  # made safe once
 
 
 def test_a_run_whose_windows_cannot_fit_the_lakes_disk_is_refused_before_anything_runs(tmp_path, capsys):
