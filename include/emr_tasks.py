@@ -9,8 +9,9 @@ returns the cluster request and every stage's step. create_cluster (EmrCreateClu
 uses the run's cluster when one is already active (found by its run_id tag) instead of starting a
 second, and terminates the cluster it made if it fails after EMR made it: a failed setup task's
 teardown does not run. wait_for_cluster (EmrClusterReadySensor) waits for the cluster to start and bootstrap,
-within its own allowance, so that no step's time limit counts it. Each stage is one EmrStageSensor
-task: it adds the stage's EMR step and waits for it, so that a retry runs the stage again.
+within its own allowance, so that no step's time limit counts it. Each stage, and the cluster check
+(smoke) before them, is one EmrStageSensor task: it adds the stage's EMR step and waits for it, so
+that a retry runs the stage again.
 terminate_cluster (EmrTerminateRunClustersOperator) is a teardown task: it runs whatever happened
 to the steps, and since Airflow leaves teardown tasks out of the run's state, a failed step still
 fails the run. It terminates create_cluster's cluster and any other active one tagged with the run,

@@ -53,6 +53,7 @@ def probe_nodes(spark, run: str, workers: int) -> list[dict]:
         .mapPartitions(lambda _: [probe_node(run)])
         .collect()
     )
+    lake.delete(lake.join(run, run_folder.SMOKE_PROBE_FOLDER))  # what the probes left: an empty local folder
     return sorted(found, key=lambda node: node["worker"])
 
 
