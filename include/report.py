@@ -237,17 +237,14 @@ def emr_text(cluster: dict) -> str:
 
 
 def cluster_check_rows(check: dict) -> tuple[list[str], list[list[str]]]:
-    """The table of the nodes the cluster check found: worker, address, then each package's version
-    (or why it did not import)."""
+    """The table of the nodes the cluster check found: worker, address, then each package's version.
+    (A package that did not import failed the check, which then wrote no stats.)"""
     packages = list(dict.fromkeys(package for node in check["nodes"] for package in node.get("versions", {})))
     rows = [
         [
             str(node.get("worker", "?")),
             node.get("address", "?"),
-            *(
-                node.get("versions", {}).get(package) or node.get("import_errors", {}).get(package, "?")
-                for package in packages
-            ),
+            *(node.get("versions", {}).get(package, "?") for package in packages),
         ]
         for node in check["nodes"]
     ]
