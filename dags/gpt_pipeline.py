@@ -5,9 +5,9 @@
 target: local   validate_config → tokenize → window → positional_embed → export → train → generate
                   → collect → promote, prune_runs
 
-target: emr     validate_config → create_cluster → wait_for_cluster → tokenize → window → positional_embed
-                  → export → train → generate → collect → promote, prune_runs
-                                                          → terminate_cluster (teardown of create_cluster)
+target: emr     validate_config → create_cluster → wait_for_cluster → smoke → tokenize → window
+                  → positional_embed → export → train → generate → collect → promote, prune_runs
+                                                                   → terminate_cluster (teardown of create_cluster)
                  create_cluster or wait_for_cluster failed → end_orphaned_clusters (the run's clusters, by tag)
 ```
 
@@ -16,7 +16,8 @@ an EMR cluster made for the run. Stages talk only through the run folder `{lake}
 `collect` copies the run's record and report to S3, `promote` points the run name's `latest`
 pointer at the new model (updating the `gpt_pipeline_model` asset), `prune_runs` removes older run
 folders when `keep_runs` is set. On EMR, `wait_for_cluster` waits for the cluster to start and
-bootstrap (within `emr.startup_timeout_minutes`) before the first step, `terminate_cluster` runs
+bootstrap (within `emr.startup_timeout_minutes`), `smoke` checks the nodes (their Python packages,
+the training workers' addresses, YARN's largest container, S3) before the first stage, `terminate_cluster` runs
 whatever happened after `create_cluster`, and a failed step still fails the run; should
 `create_cluster` itself fail, `end_orphaned_clusters` ends whatever cluster carries the run's tag.
 
@@ -63,7 +64,7 @@ from pipeline.config import ConfigError, PipelineConfig
 from pipeline.config_files import defaults_path, load_config, read_yaml
 from pipeline.errors import name_some, shown
 from pipeline.overrides import DAG_SETTINGS, setting
-from pipeline.stages import STAGE_NAMES
+from pipeline.stages import EMR_STEP_NAMES, STAGE_NAMES
 from spark_jobs.training import memory
 
 log = logging.getLogger(__name__)
@@ -293,8 +294,8 @@ with DAG(
             task_id="wait_for_cluster", job_flow_id=cluster_id, **emr_cluster.startup_limits(CONFIG), **aws
         )
 
-        # Body: one task per stage adds its EMR step and waits for it (a retry adds the step again);
-        # then collect, with the cluster's steps and cost.
+        # Body: one task per stage adds its EMR step and waits for it (a retry adds the step again),
+        # the cluster check (smoke) first; then collect, with the cluster's steps and cost.
         stages = [
             EmrStageSensor(
                 task_id=stage,
@@ -306,7 +307,7 @@ with DAG(
                 **emr_steps.sensor_limits(stage, CONFIG),
                 **aws,
             )
-            for stage in STAGE_NAMES
+            for stage in EMR_STEP_NAMES
         ]
         report = collect_task(run_dir, cluster_id)
 

@@ -11,7 +11,7 @@ from include.emr_cluster import instance_type, read_template, startup_limits
 from include.emr_steps import STEP_RETRIES, sensor_limits
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.config_files import defaults_path
-from pipeline.stages import STAGE_NAMES
+from pipeline.stages import EMR_STEP_NAMES
 
 
 def price_basis(config: PipelineConfig) -> str:
@@ -40,7 +40,7 @@ def max_cluster_hours(config: PipelineConfig, dag_config: PipelineConfig | None 
     a run's own can only be lower."""
     limits = dag_config or config
     seconds = startup_limits(limits)["timeout"]
-    seconds += (1 + STEP_RETRIES) * sum(sensor_limits(stage, limits)["timeout"] for stage in STAGE_NAMES)
+    seconds += (1 + STEP_RETRIES) * sum(sensor_limits(stage, limits)["timeout"] for stage in EMR_STEP_NAMES)
     return round(seconds / 3600 + config.emr.idle_timeout_minutes / 60, 2)
 
 

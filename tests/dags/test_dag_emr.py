@@ -2,7 +2,8 @@
 operators from include/emr_tasks.py) run by Airflow's dag.test() against a moto server: EMR and S3
 over HTTP, fake credentials, every AWS endpoint forced to moto. moto never runs a step, so a
 thread plays the cluster: it finishes each step as it is added (failing one when asked) and writes
-what the stage would (its completion marker; train's stats and generate's sample for collect).
+what the stage would (its completion marker; the cluster check's findings, train's stats and
+generate's sample for collect).
 validate_config's other refusals, which need no run, call its task's function with Airflow's
 context stood in for (`refusal`); one of them runs the DAG, to show the run stops there."""
 
@@ -41,7 +42,7 @@ from pipeline.config import REPO_ROOT
 from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
 from pipeline.errors import PipelineError
 from pipeline.overrides import apply_overrides
-from pipeline.stages import STAGE_NAMES
+from pipeline.stages import CLUSTER_CHECK, EMR_STEP_NAMES, STAGE_NAMES
 from spark_jobs.spark import stage_app
 
 REGION = "us-east-1"
@@ -57,6 +58,20 @@ OVERRIDES = {
 }
 SONNET_LINE = b"Shall I compare thee to a summer's day?\n"
 TRAIN_STATS = {"final_val_loss": 4.2, "final_val_nats_per_char": 1.3}
+SMOKE_STATS = {
+    "master": "yarn",
+    "nodes": [
+        {
+            "worker": worker,
+            "address": f"10.0.1.{17 + worker}",
+            "versions": {"python": "3.11.14", "tensorflow": "2.21.0"},
+        }
+        for worker in range(2)
+    ],
+    "distinct_addresses": True,
+    "yarn": {"yarn.scheduler.maximum-allocation-mb": 28672},
+    "executor_mb": {"spark.executor.memory": 6656, "spark.executor.memoryOverhead": 19968},
+}
 TRAIN_PROGRESS = {
     "step": 1200,
     "max_steps": 3000,
@@ -270,6 +285,8 @@ class Cluster(threading.Thread):
             step.state = "FAILED"
         else:
             outputs = {run_folder.stats_uri(run_dir, stage_name): b"{}"}
+            if stage_name == CLUSTER_CHECK.name:
+                outputs[run_folder.stats_uri(run_dir, stage_name)] = json.dumps(SMOKE_STATS).encode()
             if stage_name == "train":
                 outputs[run_folder.stats_uri(run_dir, "train")] = json.dumps(TRAIN_STATS).encode()
                 outputs[lake.join(run_dir, run_folder.EPOCHS_CSV_PATH)] = b"epoch,step,val_loss\n1,3,2.5\n"
@@ -319,7 +336,7 @@ def run_dag(
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     if startup_timeout_s:
         dag.get_task("wait_for_cluster").timeout = startup_timeout_s
-    for task_id in (*STAGE_NAMES, "terminate_cluster"):
+    for task_id in (*EMR_STEP_NAMES, "terminate_cluster"):
         dag.get_task(task_id).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
     for stage_name in hanging if time_limit_s else ():  # only theirs: the others finish at any machine load
         dag.get_task(stage_name).timeout = time_limit_s
@@ -393,10 +410,10 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     (action,) = aws["emr"].list_bootstrap_actions(ClusterId=cluster["Id"])["BootstrapActions"]
     assert s3_bytes(aws, action["ScriptPath"]) == emr_code.RUN_FILES["bootstrap.sh"].read_bytes()
 
-    # The steps: one per stage, in order, each the shared spark-submit command.
-    assert finished == list(STAGE_NAMES)
+    # The steps: the cluster check, then one per stage, in order, each the shared spark-submit command.
+    assert finished == list(EMR_STEP_NAMES) == [CLUSTER_CHECK.name, *STAGE_NAMES]
     steps = aws["emr"].list_steps(ClusterId=cluster["Id"])["Steps"]
-    assert sorted(step["Name"] for step in steps) == sorted(STAGE_NAMES)
+    assert sorted(step["Name"] for step in steps) == sorted(EMR_STEP_NAMES)
     for step in steps:
         expected = emr_steps.stage_step(step["Name"], config, run_id)
         assert step["Config"]["Args"] == expected["HadoopJarStep"]["Args"]
@@ -405,9 +422,9 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     # The first step was added once the cluster had started and bootstrapped: wait_for_cluster waited.
     assert f"cluster {cluster['Id']} is STARTING" in logged
     assert starting_clusters[0] == "WAITING" and set(starting_clusters) <= set(emr_tasks.READY_STATES)
-    assert len(starting_clusters) == len(STAGE_NAMES)
+    assert len(starting_clusters) == len(EMR_STEP_NAMES)
     first = steps[-1]
-    assert first["Name"] == STAGE_NAMES[0]
+    assert first["Name"] == CLUSTER_CHECK.name
     assert first["Status"]["Timeline"]["CreationDateTime"] >= cluster["Status"]["Timeline"]["ReadyDateTime"]
     # The train task logged the progress its running step reported.
     assert (
@@ -433,7 +450,7 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     # with the cluster's steps, as EMR reported them just before the cluster was terminated
     assert report["emr"]["cluster_id"] == cluster["Id"] and report["emr"]["release"] == config.emr.release_label
     assert [(step["name"], step["state"]) for step in report["emr"]["steps"]] == [
-        (stage, "COMPLETED") for stage in STAGE_NAMES
+        (stage, "COMPLETED") for stage in EMR_STEP_NAMES
     ]
     assert report["emr"]["cost_usd_so_far"] >= 0 and all(step["seconds"] is not None for step in report["emr"]["steps"])
     report_md = s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_id}/report.md").decode()
@@ -441,6 +458,9 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
         f"## EMR\n\nCluster {cluster['Id']} ({config.emr.release_label})" in report_md
         and "| train | COMPLETED |" in report_md
     )
+    # and what the cluster check found on the nodes
+    assert report["cluster_check"]["nodes"] == SMOKE_STATS["nodes"]
+    assert "## Cluster check\n" in report_md and "| 1 | 10.0.1.18 | 3.11.14 | 2.21.0 |" in report_md
     # promote pointed the run name's latest pointer at the collected model.
     pointer = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/latest/{config.run_name}.json"))
     assert pointer["model"] == report["s3_uri"] + f"{run_folder.MODEL_FOLDER}/" and pointer["run"] == run_id
@@ -470,7 +490,7 @@ def test_promote_if_better_is_skipped_when_latest_points_at_a_better_model(airfl
 
     dag_run, states, finished = run_dag(aws)
 
-    assert dag_run.state == "success" and finished == list(STAGE_NAMES)
+    assert dag_run.state == "success" and finished == list(EMR_STEP_NAMES)
     assert states["collect"] == "success" and states["promote"] == "skipped"
     assert json.loads(s3_bytes(aws, f"s3://{BUCKET}/{key}")) == better
     assert asset_events(dag_run) == []
@@ -487,8 +507,8 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
 
     assert states.pop("end_orphaned_clusters") == "skipped"
     assert dag_run.state == "success" and set(states.values()) == {"success"}, states
-    assert finished == ["tokenize", "window", "window (try 2)", *STAGE_NAMES[2:]]
-    assert step_states(aws)[:3] == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "COMPLETED")]
+    assert finished == [CLUSTER_CHECK.name, "tokenize", "window", "window (try 2)", *STAGE_NAMES[2:]]
+    assert step_states(aws)[1:4] == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "COMPLETED")]
     assert "window stopped: RuntimeError: the executor was lost" in "".join(capfd.readouterr())
     # the retried step is the same command
     steps = {
@@ -511,7 +531,7 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
     assert len(pages) == 2
     for page in pages:
         bars = re.findall(r'<rect class="bar (\w+)"', page)
-        assert bars == ["startup", "completed", "failed", *["completed"] * (len(STAGE_NAMES) - 1)]
+        assert bars == ["startup", "completed", "completed", "failed", *["completed"] * (len(STAGE_NAMES) - 1)]
 
 
 def test_a_step_that_fails_in_every_try_fails_the_run_and_the_cluster_is_still_terminated(airflow_db, aws):
@@ -521,9 +541,9 @@ def test_a_step_that_fails_in_every_try_fails_the_run_and_the_cluster_is_still_t
     assert states["tokenize"] == "success" and states["window"] == "failed"
     assert states["positional_embed"] == states["collect"] == states["promote"] == "upstream_failed"
     assert states["terminate_cluster"] == "success"
-    assert finished == ["tokenize", "window", "window (try 2)"]
+    assert finished == [CLUSTER_CHECK.name, "tokenize", "window", "window (try 2)"]
     assert only_cluster(aws)["Status"]["State"] == "TERMINATED"
-    assert step_states(aws) == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "FAILED")]
+    assert step_states(aws)[1:] == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "FAILED")]
 
 
 def test_a_stage_stopped_by_bad_input_fails_at_once_with_its_error(airflow_db, aws, capfd):
@@ -531,21 +551,35 @@ def test_a_stage_stopped_by_bad_input_fails_at_once_with_its_error(airflow_db, a
 
     assert dag_run.state == "failed" and states["tokenize"] == "failed"
     assert "AirflowFailException: tokenize: the corpus is not UTF-8" in "".join(capfd.readouterr())
-    assert step_states(aws) == [("tokenize", "FAILED")]
+    assert step_states(aws) == [(CLUSTER_CHECK.name, "COMPLETED"), ("tokenize", "FAILED")]
     assert only_cluster(aws)["Status"]["State"] == "TERMINATED"
+
+
+def test_a_cluster_check_that_fails_stops_the_run_before_tokenize_and_the_cluster_is_terminated(airflow_db, aws, capfd):
+    """The smoke step's failures are its findings (two workers on one node, a package that does not
+    import): recorded as bad input, which a retry would find again."""
+    dag_run, states, finished = run_dag(aws, failures={CLUSTER_CHECK.name: 2}, bad_input=True)
+
+    assert dag_run.state == "failed" and states[CLUSTER_CHECK.name] == "failed", states
+    assert dag_run.get_task_instance(CLUSTER_CHECK.name).try_number == 1
+    assert f"AirflowFailException: {CLUSTER_CHECK.name}: the corpus is not UTF-8" in "".join(capfd.readouterr())
+    assert states["tokenize"] == states["collect"] == "upstream_failed"
+    assert step_states(aws) == [(CLUSTER_CHECK.name, "FAILED")] and finished == [CLUSTER_CHECK.name]
+    assert states["terminate_cluster"] == "success" and only_cluster(aws)["Status"]["State"] == "TERMINATED"
 
 
 def test_a_cluster_that_ended_fails_the_stage_at_once_with_the_clusters_reason(airflow_db, aws, capfd):
     reason = "On the master instance (i-0abc), bootstrap action 1 returned a non-zero return code"
     dag_run, states, finished = run_dag(aws, ends_with=reason)
+    first = EMR_STEP_NAMES[0]
 
-    assert dag_run.state == "failed" and states["tokenize"] == "failed", states
-    assert dag_run.get_task_instance("tokenize").try_number == 1  # no retry: there is no cluster to run it on
+    assert dag_run.state == "failed" and states[first] == "failed", states
+    assert dag_run.get_task_instance(first).try_number == 1  # no retry: there is no cluster to run it on
     logged = "".join(capfd.readouterr())
     cluster_id = only_cluster(aws)["Id"]
-    assert f"AirflowFailException: tokenize: cluster {cluster_id} ended (TERMINATED_WITH_ERRORS): {reason}" in logged
+    assert f"AirflowFailException: {first}: cluster {cluster_id} ended (TERMINATED_WITH_ERRORS): {reason}" in logged
     assert f"bootstrap logs: s3://{BUCKET}/emr-logs/{cluster_id}/node/" in logged
-    assert step_states(aws) == [("tokenize", "CANCELLED")]
+    assert step_states(aws) == [(first, "CANCELLED")]
     assert states["terminate_cluster"] == "success"
 
 
@@ -558,7 +592,8 @@ def test_a_cluster_that_ended_between_steps_fails_the_next_stage_at_once_before_
     assert f"AirflowFailException: window: cluster {only_cluster(aws)['Id']} ended (TERMINATED): {reason}" in "".join(
         capfd.readouterr()
     )
-    assert step_states(aws) == [("tokenize", "COMPLETED")]  # EMR would refuse the step; none was sent
+    # EMR would refuse the step; none was sent
+    assert step_states(aws) == [(CLUSTER_CHECK.name, "COMPLETED"), ("tokenize", "COMPLETED")]
 
 
 def test_a_cluster_that_could_not_be_terminated_fails_the_run(airflow_db, aws, monkeypatch):
@@ -568,7 +603,7 @@ def test_a_cluster_that_could_not_be_terminated_fails_the_run(airflow_db, aws, m
     monkeypatch.setattr(ElasticMapReduceResponse, "terminate_job_flows", refused)
     dag_run, states, finished = run_dag(aws)
 
-    assert finished == list(STAGE_NAMES) and states["promote"] == "success"
+    assert finished == list(EMR_STEP_NAMES) and states["promote"] == "success"
     assert states["terminate_cluster"] == "failed" and dag_run.state == "failed"  # someone must see the cluster is up
     assert only_cluster(aws)["Status"]["State"] != "TERMINATED"
 
@@ -579,7 +614,8 @@ def test_a_step_out_of_time_fails_its_task_without_a_retry(airflow_db, aws, capf
 
     assert dag_run.state == "failed" and states["window"] == "failed"
     assert (dag_run.get_task_instance("window").try_number, states["terminate_cluster"]) == (1, "success")
-    assert step_states(aws) == [("tokenize", "COMPLETED"), ("window", "RUNNING")]  # moto leaves it so on terminate
+    # moto leaves the running step so on terminate
+    assert step_states(aws) == [(CLUSTER_CHECK.name, "COMPLETED"), ("tokenize", "COMPLETED"), ("window", "RUNNING")]
 
 
 def test_a_step_its_own_time_limit_ended_fails_its_task_without_a_retry(airflow_db, aws, capfd):
@@ -591,7 +627,7 @@ def test_a_step_its_own_time_limit_ended_fails_its_task_without_a_retry(airflow_
 
     assert dag_run.state == "failed" and states["window"] == "failed"
     assert (dag_run.get_task_instance("window").try_number, states["terminate_cluster"]) == (1, "success")
-    assert finished == ["tokenize", "window"]
+    assert finished == [CLUSTER_CHECK.name, "tokenize", "window"]
 
 
 def test_a_cluster_not_started_within_its_allowance_fails_naming_the_setting_and_is_terminated(
@@ -607,7 +643,7 @@ def test_a_cluster_not_started_within_its_allowance_fails_naming_the_setting_and
     )
     assert dag_run.state == "failed" and states["wait_for_cluster"] == "failed", states
     assert dag_run.get_task_instance("wait_for_cluster").try_number == 1
-    assert states[STAGE_NAMES[0]] == "upstream_failed" and starting_clusters == [] and finished == []
+    assert states[EMR_STEP_NAMES[0]] == "upstream_failed" and starting_clusters == [] and finished == []
     assert states["terminate_cluster"] == "success"
     assert emr_backend().clusters[cluster_id].state == "TERMINATED"
 
@@ -833,19 +869,24 @@ def test_a_run_cannot_move_the_cluster_to_another_region_or_connection(aws):
 def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr_defaults):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     config = load_config(overrides=OVERRIDES)
-    for stage_name in STAGE_NAMES:
+    for stage_name in EMR_STEP_NAMES:
         sensor, limits = dag.get_task(stage_name), emr_steps.sensor_limits(stage_name, config)
         assert (float(sensor.timeout), sensor.poke_interval) == (limits["timeout"], limits["poke_interval"])
         assert sensor.region_name == config.emr.region and sensor.aws_conn_id == config.emr.aws_conn_id
         assert sensor.deferrable is False  # its checks of a failed step run in poke
         assert sensor.retries == emr_steps.STEP_RETRIES == 1
-    assert dag.get_task("train").timeout > dag.get_task("window").timeout
+    assert dag.get_task("train").timeout > dag.get_task("window").timeout > dag.get_task(CLUSTER_CHECK.name).timeout
     assert dag.get_task("create_cluster").retries == 0
     wait = dag.get_task("wait_for_cluster")
     startup = emr_cluster.startup_limits(config)
     assert (float(wait.timeout), wait.poke_interval, wait.mode) == (startup["timeout"], 1, "reschedule")
-    assert (
-        "create_cluster" in wait.upstream_task_ids and "wait_for_cluster" in dag.get_task("tokenize").upstream_task_ids
-    )
+    # wait_for_cluster >> smoke >> tokenize: the cluster check runs first, on the cluster once it is ready
+    assert "create_cluster" in wait.upstream_task_ids
+    assert dag.get_task(CLUSTER_CHECK.name).upstream_task_ids == {
+        "validate_config",
+        "create_cluster",
+        "wait_for_cluster",
+    }
+    assert dag.get_task("tokenize").upstream_task_ids == {"validate_config", "create_cluster", CLUSTER_CHECK.name}
     terminate = dag.get_task("terminate_cluster")
     assert terminate.is_teardown and terminate.upstream_task_ids == {"validate_config", "create_cluster", "collect"}
