@@ -5,6 +5,7 @@ as its own when GPT_PIPELINE_CONFIG names it. A run's form or overrides cannot c
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,6 @@ def deploy(monkeypatch: pytest.MonkeyPatch, path: Path, changes: dict) -> Path:
     return path
 
 
-def deployment_env(path: Path, changes: dict) -> dict[str, str]:
-    """os.environ with GPT_PIPELINE_CONFIG naming the deployment file, for a process a test starts."""
-    return {**os.environ, "GPT_PIPELINE_CONFIG": str(write_deployment(path, changes))}
+def deployment_env(path: Path, changes: dict, env: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """env with GPT_PIPELINE_CONFIG naming the deployment file, for a process a test starts."""
+    return {**env, "GPT_PIPELINE_CONFIG": str(write_deployment(path, changes))}
