@@ -47,8 +47,8 @@ def max_cluster_hours(config: PipelineConfig, dag_config: PipelineConfig | None 
 def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = None) -> tuple[float, float]:
     """Stop a run whose cluster could cost more than emr.max_cost_usd, before it exists. The most
     is the on-demand price for the longest the cluster can live, which the DAG's step time limits
-    bound. The budget is the DAG's too, and target emr needs one: a run may lower it for itself, not
-    raise or clear it.
+    bound. The budget is the DAG's too, a deployment setting no run changes (pipeline/deployment.py),
+    and target emr needs one.
     Returns the hourly price and those hours."""
     deployment_budget = (dag_config or config).emr.max_cost_usd
     hourly, hours = hourly_cost_usd(config), max_cluster_hours(config, dag_config)

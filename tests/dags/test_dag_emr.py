@@ -25,7 +25,6 @@ import botocore.loaders
 import botocore.session
 import pytest
 import requests
-import yaml
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from airflow.sdk.exceptions import AirflowFailException
 from moto.core import DEFAULT_ACCOUNT_ID
@@ -39,11 +38,12 @@ from include import emr_cluster, emr_code, emr_steps, emr_tasks, wheelhouse
 from include.spark_submit import package_code
 from pipeline import lake, run_folder
 from pipeline.config import REPO_ROOT
-from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
+from pipeline.config_files import load_config
+from pipeline.deployment import deployment_settings
 from pipeline.errors import PipelineError
-from pipeline.overrides import apply_overrides
 from pipeline.stages import CLUSTER_CHECK, EMR_STEP_NAMES, STAGE_NAMES
 from spark_jobs.spark import stage_app
+from tests.deployments import amend_deployment, deploy
 
 REGION = "us-east-1"
 BUCKET = "gpt-pipeline-test"
@@ -55,6 +55,7 @@ OVERRIDES = {
     "lake": f"s3://{BUCKET}/lake",
     "s3": {"bucket": BUCKET},
     "emr": {"log_uri": f"s3://{BUCKET}/emr-logs/", "code_prefix": f"s3://{BUCKET}/code/", "poke_interval_seconds": 1},
+    "corpus_roots": [f"s3://{BUCKET}/corpus/"],
 }
 SONNET_LINE = b"Shall I compare thee to a summer's day?\n"
 TRAIN_STATS = {"final_val_loss": 4.2, "final_val_nats_per_char": 1.3}
@@ -113,10 +114,7 @@ def airflow_db():
 @pytest.fixture
 def emr_defaults(tmp_path, monkeypatch):
     """pipeline.yaml with target emr, as the DAG's defaults file."""
-    path = tmp_path / "pipeline-emr.yaml"
-    path.write_text(yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), OVERRIDES)))
-    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(path))
-    return path
+    return deploy(monkeypatch, tmp_path / "pipeline-emr.yaml", OVERRIDES)
 
 
 @pytest.fixture
@@ -482,7 +480,7 @@ def test_an_error_in_the_thread_playing_the_cluster_ends_the_run_and_fails_the_t
 
 
 def test_promote_if_better_is_skipped_when_latest_points_at_a_better_model(airflow_db, aws, emr_defaults):
-    emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), {"s3": {"promote": "if_better"}})))
+    amend_deployment(emr_defaults, {"s3": {"promote": "if_better"}})
     config = load_config(emr_defaults)
     key = f"{config.s3.prefix}/latest/{config.run_name}.json"
     better = {"run": "an-earlier-run", "model": f"s3://{BUCKET}/runs/an-earlier-run/model/", "val_nats_per_char": 1.0}
@@ -774,8 +772,7 @@ def refusal(aws, form: dict | None = None) -> str:
 
 
 def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluster_exists(aws, emr_defaults):
-    settings = apply_overrides(read_yaml(emr_defaults), {"data": {"stride": 1}, "emr": {"core_ebs_gb": 1}})
-    emr_defaults.write_text(yaml.safe_dump(settings))
+    amend_deployment(emr_defaults, {"data": {"stride": 1}, "emr": {"core_ebs_gb": 1}})
     aws["s3"].put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=SONNET_LINE * 1_000_000)  # 40 MB
 
     assert (
@@ -807,7 +804,7 @@ def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluste
     ids=["record", "logs", "lake", "corpus", "shipped-record", "shipped-lake-and-code", "service-role-v2"],
 )
 def test_an_account_setting_that_cannot_work_fails_before_any_cluster_exists(aws, emr_defaults, setting, message):
-    emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), setting)))
+    amend_deployment(emr_defaults, setting)
     assert f"Error: {message}" in refusal(aws)
 
 
@@ -817,26 +814,27 @@ def test_an_account_setting_that_cannot_work_fails_before_any_cluster_exists(aws
         ({"emr": {"max_cost_usd": None}}, None, "ConfigError: emr.max_cost_usd: target emr needs a budget"),
         (
             {},
-            {"overrides": ["emr.core_instance_count=100"]},
-            "emr.core_instance_count (100) exceeds emr.max_core_instances (10)",
-        ),
-        (
-            {},
             {"overrides": ["emr.max_core_instances=200"]},
-            "ConfigError: emr.max_core_instances: this DAG's emr.max_core_instances is 10",
+            "ConfigError: emr.max_core_instances: a deployment setting, which a run cannot change: this DAG's "
+            "emr.max_core_instances is 10",
         ),
         (
             {},
             {"overrides": ["emr.idle_timeout_minutes=10080"]},
-            "emr.idle_timeout_minutes: Input should be less than or equal to 120",
+            "ConfigError: emr.idle_timeout_minutes: a deployment setting, which a run cannot change",
+        ),
+        (
+            {},
+            {"max_steps": 100_000},
+            "ConfigError: stage train needs a step time limit of",
         ),
     ],
-    ids=["no-budget", "100-core-nodes", "raised-cap", "7-day-idle-timeout"],
+    ids=["no-budget", "raised-cap", "7-day-idle-timeout", "longer-training"],
 )
 def test_a_run_over_a_bound_of_its_bill_fails_before_any_cluster_exists(
     aws, emr_defaults, run_job_flow_requests, deployment, form, message
 ):
-    emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), deployment)))
+    amend_deployment(emr_defaults, deployment)
     assert message in refusal(aws, form)
     assert run_job_flow_requests == []
 
@@ -861,9 +859,31 @@ def test_a_corpus_object_that_is_not_text_fails_before_any_cluster_exists(aws, r
 
 def test_a_run_cannot_move_the_cluster_to_another_region_or_connection(aws):
     """The cluster's tasks were built with the DAG's region and connection when Airflow parsed it."""
-    assert "ConfigError: emr.region: this DAG's emr.region is None" in refusal(
-        aws, {"overrides": ["emr.region=us-west-2"]}
+    assert (
+        "ConfigError: emr.region: a deployment setting, which a run cannot change: this DAG's emr.region is None"
+        in (refusal(aws, {"overrides": ["emr.region=us-west-2"]}))
     )
+
+
+@pytest.mark.parametrize("name", deployment_settings())
+def test_a_run_changing_any_deployment_setting_is_refused_before_any_cluster_exists(aws, run_job_flow_requests, name):
+    refused = refusal(aws, {"overrides": [f"{name}=changed-by-a-run"]})
+    assert refused.startswith(
+        f"ConfigError: {name}: a deployment setting, which a run cannot change: this DAG's {name}"
+    )
+    assert run_job_flow_requests == []
+
+
+@pytest.mark.parametrize(
+    "corpus", ["~/.aws/credentials", f"s3://{BUCKET}/lake/*", f"s3://{BUCKET}/corpus-private/a.txt", "s3://other/a.txt"]
+)
+def test_a_run_reading_a_corpus_outside_the_deployments_roots_is_refused_before_any_cluster_exists(
+    aws, run_job_flow_requests, corpus
+):
+    refused = refusal(aws, {"corpus": corpus})
+    assert refused.startswith("ConfigError: corpus: ") and "is outside the folders and prefixes" in refused
+    assert f"corpus_roots: s3://{BUCKET}/corpus/" in refused
+    assert run_job_flow_requests == []
 
 
 def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr_defaults):
