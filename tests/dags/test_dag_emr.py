@@ -516,11 +516,10 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
     assert steps["window (try 2)"] == steps["window"]
     # the retried step does not report the previous try's error as its own
     config = load_config(overrides=OVERRIDES)
-    run_dir = run_folder.run_dir(config, run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}"))
+    run = run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}")
     with pytest.raises(aws["s3"].exceptions.NoSuchKey):
-        s3_bytes(aws, lake.join(run_dir, run_folder.error_path("window")))
+        s3_bytes(aws, lake.join(run_folder.run_dir(config, run), run_folder.error_path("window")))
     # the report's timeline: the cluster's start-up, then every step EMR ran, the failed try included
-    run = run_folder.safe_run_id(dag_run.run_id)
     pages = [  # the record's and the run folder's (on S3 too)
         aws["s3"].get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read().decode()
         for item in aws["s3"].list_objects_v2(Bucket=BUCKET)["Contents"]
