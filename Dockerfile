@@ -2,8 +2,8 @@
 # Python 3.11, plus Java 17 for Spark and this project's pinned Python environment, so the DAG's
 # local target (spark-submit in local mode, multi-worker TensorFlow) runs inside the container.
 # The project's code is not copied in: docker-compose.yaml mounts dags/, pipeline/, spark_jobs/ and include/.
-# AIRFLOW_BASE: the image to build on; `make compose-test` passes a local stand-in of the official
-# image (docker/standins/airflow/) on a machine that cannot pull it.
+# AIRFLOW_BASE: the image to build on; a machine that cannot pull the official image passes a
+# local image with the same user, paths and entrypoint.
 ARG AIRFLOW_BASE=apache/airflow:3.3.2-python3.11
 FROM ${AIRFLOW_BASE}
 
