@@ -6,7 +6,7 @@ The record is the resolved config, stats/, model/, spark-events/, samples.txt an
 folder; it goes to s3://{s3.bucket}/{s3.prefix}/{run folder name}/ through the amazon provider's S3Hook, so the
 Airflow AWS connection decides where S3 is (AWS, LocalStack or a local moto server). A run collected
 again gets a record of its own beside that one, {run folder name}.recollected-{UTC time}/: a whole
-record, which the latest pointer may name, is never written over.
+record, which the latest pointer may name, is never written over, and no task removes one.
 """
 
 from __future__ import annotations
@@ -136,11 +136,12 @@ def check_bucket(hook, bucket: str, setting: str) -> str:
     return bucket
 
 
-def record_prefix(hook, bucket: str, records_prefix: str, run_name: str) -> str:
-    """The key prefix of the record a collect of run folder `run_name` writes: {records_prefix}/{run_name}
-    the first time (again after a collect there stopped short of its report), and a new one each time
-    the run is collected again, {run_name}.recollected-{UTC time to the microsecond}."""
-    first = posixpath.join(records_prefix.strip("/"), run_name)
+def record_prefix(hook, bucket: str, records_prefix: str, folder_name: str) -> str:
+    """The key prefix of the record a collect of the run folder `folder_name` writes:
+    {records_prefix}/{folder_name} the first time (again after a collect there stopped short of its
+    report), and a new one each time the run is collected again, {folder_name}.recollected-{UTC time
+    to the microsecond}."""
+    first = posixpath.join(records_prefix.strip("/"), folder_name)
     if not hook.check_for_key(posixpath.join(first, run_folder.REPORT_JSON), bucket_name=bucket):
         return first
     return f"{first}{RECOLLECTED}{datetime.now(timezone.utc):%Y%m%dT%H%M%S.%fZ}"
