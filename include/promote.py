@@ -41,9 +41,16 @@ def promotion(candidate: dict, current: dict | None, policy: str) -> tuple[bool,
     )
 
 
+def names_the_same_collect(pointer: dict, candidate: dict) -> bool:
+    """Whether `pointer` names the record `candidate` would: each collect writes a record folder of
+    its own (include.record.record_prefix), so only a retried promote finds it named already."""
+    return (pointer.get("record"), pointer.get("collected_at")) == (candidate["record"], candidate["collected_at"])
+
+
 def promote_record(record_uri: str, hook) -> dict:
     """Point latest/{run_name}.json at the collected record in `record_uri`, unless s3.promote is
-    if_better and the model it points at now has the lower validation nats/char.
+    if_better and the model it points at now has the lower validation nats/char. A run collected
+    again is decided alike: its new record is beside the one latest may point at, which stays whole.
 
     Returns the decision: `promoted`, the pointer's URI, the pointer written (or kept) and the reason."""
     bucket, prefix = hook.parse_s3_url(record_uri)
@@ -63,13 +70,10 @@ def promote_record(record_uri: str, hook) -> dict:
         "collected_at": report["collected_at"],
         "promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    same_run = current is not None and current["run"] == candidate["run"]
-    if same_run and current.get("collected_at") == candidate["collected_at"]:  # a retried promote
-        promoted, reason, candidate = True, "latest points at this run's model already", current
+    if current is not None and names_the_same_collect(current, candidate):  # a retried promote
+        promoted, reason, candidate = True, "latest points at this record's model already", current
     else:
         promoted, reason = promotion(candidate, current, config.s3.promote)
-        if same_run:  # whatever the policy: the model latest pointed at is gone, replaced by this one
-            promoted, reason = True, "this run was collected again: its record, which latest points at, has a new model"
         if promoted:
             if current:
                 candidate["previous"] = {name: current.get(name) for name in ("run", "record", "val_nats_per_char")}

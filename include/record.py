@@ -4,7 +4,9 @@ task, which copies them to S3 with the run's report.
 
 The record is the resolved config, stats/, model/, spark-events/, samples.txt and tensorboard/ of the run
 folder; it goes to s3://{s3.bucket}/{s3.prefix}/{run folder name}/ through the amazon provider's S3Hook, so the
-Airflow AWS connection decides where S3 is (AWS, LocalStack or a local moto server).
+Airflow AWS connection decides where S3 is (AWS, LocalStack or a local moto server). A run collected
+again gets a record of its own beside that one, {run folder name}.recollected-{UTC time}/: a whole
+record, which the latest pointer may name, is never written over, and no task removes one.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ RECORD_FOLDERS = tuple(
         run_folder.TENSORBOARD_FOLDER,
     )
 )
+# What a record folder of a run collected again adds to the run folder's name, before the collect's UTC time.
+RECOLLECTED = ".recollected-"
 # The reports' media types on S3: a browser shows report.html opened from there (the console, a link).
 CONTENT_TYPES = {
     run_folder.REPORT_JSON: "application/json",
@@ -132,19 +136,31 @@ def check_bucket(hook, bucket: str, setting: str) -> str:
     return bucket
 
 
+def record_prefix(hook, bucket: str, records_prefix: str, folder_name: str) -> str:
+    """The key prefix of the record a collect of the run folder `folder_name` writes:
+    {records_prefix}/{folder_name} the first time (again after a collect there stopped short of its
+    report), and a new one each time the run is collected again, {folder_name}.recollected-{UTC time
+    to the microsecond}."""
+    first = posixpath.join(records_prefix.strip("/"), folder_name)
+    if not hook.check_for_key(posixpath.join(first, run_folder.REPORT_JSON), bucket_name=bucket):
+        return first
+    return f"{first}{RECOLLECTED}{datetime.now(timezone.utc):%Y%m%dT%H%M%S.%fZ}"
+
+
 def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | None = None) -> dict:
-    """Copy the run's record to S3, then the report (written last: its presence means complete);
-    the run folder gets the report too (a command that uses the folder again removes it). `extra` goes
-    into the report as it is (on EMR: the cluster and its steps, under "emr")."""
+    """Copy the run's record to S3, into a record folder no whole record is in (record_prefix), then
+    the report (written last: its presence means complete); the run folder gets the report too (a
+    command that uses the folder again removes it). `extra` goes into the report as it is (on EMR: the
+    cluster and its steps, under "emr")."""
     run = StoredRun(run_dir, hook)
     config = run_folder.read_config(run.uri, run.read)
     bucket = check_bucket(hook, config.s3.bucket, "s3.bucket")
-    prefix = posixpath.join(config.s3.prefix.strip("/"), run.name)
-    paths, record = record_files(run), StoredRun(f"s3://{bucket}/{prefix}", hook)
-    record.remove(*run_folder.REPORTS)  # a record collected before is not whole until its new report is in
+    paths = record_files(run)
+    prefix = record_prefix(hook, bucket, config.s3.prefix, run.name)
+    record = StoredRun(f"s3://{bucket}/{prefix}", hook)
     for path in paths:
         hook.load_bytes(run.read(path), key=f"{prefix}/{path}", bucket_name=bucket, replace=True)
-    record.remove(*[path for path in record.files() if path not in paths])  # an earlier collect's, gone from the run
+    record.remove(*[path for path in record.files() if path not in paths])  # a collect's that stopped halfway here
     report = build_report(run, f"s3://{bucket}/{prefix}/", stages) | (extra or {})
     files = {  # report.json last
         run_folder.REPORT_TEXT: report_text(report),

@@ -12,12 +12,13 @@ import pytest
 
 from include.promote import promote_record
 from include.prune import remove_old_runs
-from include.record import StoredRun, collect_record
+from include.record import RECOLLECTED, StoredRun, collect_record
 from pipeline import lake, run_folder
 from pipeline.config_files import load_config
 from pipeline.stages import STAGE_NAMES
 from tests.include.records import (
     LAKE_BUCKET,
+    RECORD_BUCKET,
     finished_run,
     latest,
     record,
@@ -137,6 +138,20 @@ def test_the_run_folder_latest_points_at_is_kept_whatever_its_age(s3, hook, tmp_
     assert remove_old_runs(newest, hook) == [worse]
     assert lake.exists(lake.join(best, run_folder.REPORT_JSON))
     assert "keep_runs: kept served-best, whose model the latest pointer names" in caplog.text
+
+
+def test_a_run_latest_points_at_is_kept_whichever_of_its_records_it_names(s3, hook, tmp_path):
+    """A run collected again has a record per collect; the pointer names the run folder all the same."""
+    config = load_config(
+        overrides=[{"lake": str(tmp_path / "lake")}, "run_name=resumed", "keep_runs=1", "s3.promote=if_better"]
+    )
+    old, new = (run_folder.run_dir(config, run_id) for run_id in ("resumed-old", "resumed-new"))
+    for run_dir, nats_per_char in ((old, 0.9), (new, 1.5), (old, 0.7)):  # the old run trained and collected again
+        finished_run(s3, run_dir, run_files(config.to_json(), nats_per_char))
+        promote_record(collect_record(run_dir, hook, STAGE_NAMES)["s3_uri"], hook)
+    assert latest(s3, "resumed")["record"].startswith(f"s3://{RECORD_BUCKET}/runs/resumed-old{RECOLLECTED}")
+    assert remove_old_runs(new, hook) == []
+    assert lake.exists(lake.join(old, run_folder.REPORT_JSON))
 
 
 def test_reports_of_an_older_version_are_ordered_by_their_files_time(s3, hook, tmp_path):

@@ -4,11 +4,12 @@ S3Hook and the Airflow connection, against a moto server: from a local run folde
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 import pytest
 
-from include.record import collect_record
+from include.record import RECOLLECTED, collect_record
 from include.report_link import report_url
 from pipeline import lake, run_folder
 from pipeline.config_files import load_config
@@ -74,6 +75,41 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     assert f"## Warnings\n\n- [window] {SHORT_FILE_WARNING}\n" in copied[run_folder.REPORT_TEXT].decode()
     # Without the EMR target's cluster check (a local run, an older run folder), no such section.
     assert report["cluster_check"] is None and "## Cluster check" not in text
+
+
+def test_a_run_collected_again_gets_a_record_folder_of_its_own_each_time(s3, hook, tmp_path):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    run_dir = run_folder.run_dir(config, "twice")
+    finished_run(s3, run_dir, run_files(config.to_json()))
+    first = collect_record(run_dir, hook, STAGE_NAMES)
+    whole = record(s3, "twice")
+
+    again = [collect_record(run_dir, hook, STAGE_NAMES)["s3_uri"] for _ in range(2)]
+
+    assert first["s3_uri"] == f"s3://{RECORD_BUCKET}/runs/twice/"
+    for uri in again:
+        assert re.fullmatch(rf"s3://{RECORD_BUCKET}/runs/twice{RECOLLECTED}\d{{8}}T\d{{6}}\.\d{{6}}Z/", uri), uri
+        assert set(record(s3, uri.split("/")[-2])) == set(whole)
+    assert len(set(again)) == 2 and record(s3, "twice") == whole  # the first record, untouched
+
+
+def test_a_collect_that_stopped_halfway_is_finished_in_its_record_folder(s3, hook, tmp_path):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    run_dir = run_folder.run_dir(config, "halfway")
+    finished_run(s3, run_dir, run_files(config.to_json()))
+    # What a collect that stopped before its report.json left: part of the record, a file the run
+    # folder has no longer, the report's other files.
+    left = {f"{run_folder.MODEL_FOLDER}/weights.h5": b"gone from the run", run_folder.REPORT_TEXT: b"# an old report"}
+    for path, data in left.items():
+        s3.client().put_object(Bucket=RECORD_BUCKET, Key=f"runs/halfway/{path}", Body=data)
+
+    report = collect_record(run_dir, hook, STAGE_NAMES)
+
+    assert report["s3_uri"] == f"s3://{RECORD_BUCKET}/runs/halfway/"
+    copied = record(s3, "halfway")
+    assert f"{run_folder.MODEL_FOLDER}/weights.h5" not in copied
+    assert copied[run_folder.REPORT_TEXT] != left[run_folder.REPORT_TEXT]
+    assert json.loads(copied[run_folder.REPORT_JSON]) == report
 
 
 def test_the_report_of_an_emr_run_shows_what_its_cluster_check_found(s3, hook, tmp_path):
