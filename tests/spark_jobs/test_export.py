@@ -17,6 +17,7 @@ from tokenizers import ByteLevelBPETokenizer
 from pipeline import run_folder
 from pipeline.config_files import load_config
 from pipeline.errors import PipelineError
+from spark_jobs import generate as generate_module
 from spark_jobs.generate import load_model
 from spark_jobs.model import export_hf
 from spark_jobs.model.decoder import build_decoder
@@ -163,3 +164,11 @@ def test_the_saved_model_runs_without_this_projects_code(model_folder, ids, tmp_
     )
     model, _ = load_model(str(model_folder))
     np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), np.asarray(model(ids)), rtol=0, atol=TOLERANCE)
+
+
+def test_the_command_line_samples_from_an_hf_folder_as_from_the_keras_model(model_folder, capsys):
+    options = ["--prompt", "ROMEO:", "--max-new-tokens", "6", "--strategy", "greedy"]
+    for folder in (model_folder, model_folder / run_folder.MODEL_HF_FOLDER):
+        assert generate_module.cli(["--model-dir", str(folder), *options]) == 0
+    keras_text, hf_text = capsys.readouterr().out.splitlines()[-2:]
+    assert hf_text == keras_text and keras_text.startswith("ROMEO:")
