@@ -9,10 +9,8 @@ import subprocess
 import sys
 import textwrap
 
-import keras
 import numpy as np
 import pytest
-from tokenizers import ByteLevelBPETokenizer
 
 from pipeline import run_folder
 from pipeline.config_files import load_config
@@ -20,52 +18,20 @@ from pipeline.errors import PipelineError
 from spark_jobs import generate as generate_module
 from spark_jobs.generate import load_model
 from spark_jobs.model import export_hf
-from spark_jobs.model.decoder import build_decoder
-from spark_jobs.training.backups import write_exports
 from tests.spark_jobs.test_model import LEGACY_MODEL
 
 # Exporting traces the model into a SavedModel; one test loads it in a TensorFlow process of its own.
 pytestmark = pytest.mark.tensorflow
 
-SHAPE = {"block_size": 16, "dim": 16, "n_layer": 2, "n_head": 4, "mlp_ratio": 3, "dropout": 0.1}
 TOLERANCE = 1e-4  # absolute, on logits of a few units
 
 
-def trained_like(model: keras.Model) -> keras.Model:
-    """Weights larger than at initialisation, so that the logits spread as a trained model's do."""
-    keras.utils.set_random_seed(4)
-    for variable in model.trainable_variables:
-        variable.assign(variable.numpy() * (10 if len(variable.shape) == 2 else 1) + np.random.normal(0, 0.1))
-    return model
-
-
-@pytest.fixture(scope="module")
-def model_folder(tmp_path_factory, shakespeare):
-    """A model folder as the train stage leaves it: model.keras, tokenizer.json, hf/ and saved_model/."""
-    folder = tmp_path_factory.mktemp("model")
-    tokenizer = ByteLevelBPETokenizer()
-    tokenizer.train_from_iterator([shakespeare.read_text()[:20_000]], vocab_size=300, special_tokens=["<|endoftext|>"])
-    model = trained_like(build_decoder(vocab_size=tokenizer.get_vocab_size() + 4, **SHAPE))
-    model.save(folder / run_folder.MODEL_FILE)
-    tokenizer_json = tokenizer._tokenizer.to_str()
-    (folder / run_folder.MODEL_TOKENIZER_FILE).write_text(tokenizer_json)
-    write_exports(folder, tokenizer_json, load_config().generate)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def ids(model_folder, shakespeare) -> np.ndarray:
-    _, tokenizer = load_model(str(model_folder))
-    text = shakespeare.read_text()[-2_000:]  # validation text
-    return np.array([tokenizer.encode(text).ids[:16], tokenizer.encode(text[500:]).ids[:16]], dtype=np.int32)
-
-
-def test_the_hf_folder_loads_back_with_the_same_logits(model_folder, ids):
+def test_the_hf_folder_loads_back_with_the_same_logits(model_folder, exported_ids):
     model, tokenizer = load_model(str(model_folder))
     hf_model, hf_tokenizer = load_model(str(model_folder / run_folder.MODEL_HF_FOLDER))
-    expected = np.asarray(model(ids))
+    expected = np.asarray(model(exported_ids))
     assert np.abs(expected).max() > 1
-    np.testing.assert_allclose(np.asarray(hf_model(ids)), expected, rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(np.asarray(hf_model(exported_ids)), expected, rtol=0, atol=TOLERANCE)
     assert hf_tokenizer.to_str() == tokenizer.to_str()
 
 
@@ -78,7 +44,7 @@ def test_the_hf_folder_holds_gpt2s_config_and_tensor_names(model_folder):
     expected = {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
-        "n_positions": 16,
+        "n_positions": 32,
         "n_embd": 16,
         "n_layer": 2,
         "n_head": 4,
@@ -92,14 +58,14 @@ def test_the_hf_folder_holds_gpt2s_config_and_tensor_names(model_folder):
     assert {key: config.get(key) for key in expected} == expected
     tensors = load_file(str(hf / export_hf.WEIGHTS_FILE))
     assert tensors["transformer.wte.weight"].shape == (config["vocab_size"], 16)
-    assert tensors["transformer.wpe.weight"].shape == (16, 16)
+    assert tensors["transformer.wpe.weight"].shape == (32, 16)
     assert tensors["transformer.h.1.attn.c_attn.weight"].shape == (16, 48)  # Conv1D: [in, out]
     assert tensors["transformer.h.0.mlp.c_proj.weight"].shape == (48, 16)
     assert "lm_head.weight" not in tensors  # tied to transformer.wte.weight
     assert len(tensors) == 4 + 2 * 12
     tokenizer_config = json.loads((hf / export_hf.TOKENIZER_CONFIG_FILE).read_text())
     assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"
-    assert tokenizer_config["model_max_length"] == 16 and tokenizer_config["eos_token"] == "<|endoftext|>"
+    assert tokenizer_config["model_max_length"] == 32 and tokenizer_config["eos_token"] == "<|endoftext|>"
 
 
 @pytest.mark.parametrize(
@@ -152,9 +118,9 @@ SAVED_MODEL_CHECK = textwrap.dedent(
 )
 
 
-def test_the_saved_model_runs_without_this_projects_code(model_folder, ids, tmp_path):
+def test_the_saved_model_runs_without_this_projects_code(model_folder, exported_ids, tmp_path):
     """In `python -I` (no PYTHONPATH, no current folder on the path), from another folder."""
-    np.save(tmp_path / "ids.npy", ids)
+    np.save(tmp_path / "ids.npy", exported_ids)
     saved_model = model_folder / run_folder.MODEL_SAVED_MODEL_FOLDER
     subprocess.run(
         [sys.executable, "-I", "-c", SAVED_MODEL_CHECK, str(saved_model), "ids.npy", "logits.npy"],
@@ -163,7 +129,8 @@ def test_the_saved_model_runs_without_this_projects_code(model_folder, ids, tmp_
         timeout=300,
     )
     model, _ = load_model(str(model_folder))
-    np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), np.asarray(model(ids)), rtol=0, atol=TOLERANCE)
+    expected = np.asarray(model(exported_ids))
+    np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), expected, rtol=0, atol=TOLERANCE)
 
 
 def test_the_command_line_samples_from_an_hf_folder_as_from_the_keras_model(model_folder, capsys):
