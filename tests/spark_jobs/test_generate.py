@@ -96,10 +96,11 @@ def test_generation_repeats_with_the_same_seed_and_varies_with_another(model_dir
 
 
 def test_generation_stops_before_the_stop_token(deeper_model):
-    tokens = sampler.decode(deeper_model, [1, 2, 3], 1, max_new_tokens=12, rule=settings(strategy="greedy"), seed=0)[0]
+    prompt = [5, 9, 200]  # one whose greedy continuation is not one token repeated (the head is the token table)
+    tokens = sampler.decode(deeper_model, prompt, 1, max_new_tokens=12, rule=settings(strategy="greedy"), seed=0)[0]
     end = next(index for index, token in enumerate(tokens) if index > 0 and token not in tokens[:index])
     stopped = sampler.decode(
-        deeper_model, [1, 2, 3], 1, max_new_tokens=12, rule=settings(strategy="greedy"), seed=0, stop_id=tokens[end]
+        deeper_model, prompt, 1, max_new_tokens=12, rule=settings(strategy="greedy"), seed=0, stop_id=tokens[end]
     )
     assert stopped == [tokens[:end]]  # nothing from the stop token on
 
