@@ -5,9 +5,9 @@
 target: local   validate_config → tokenize → window → positional_embed → export → train → generate
                   → collect → promote, prune_runs
 
-target: emr     validate_config → create_cluster → wait_for_cluster → tokenize → window → positional_embed
-                  → export → train → generate → collect → promote, prune_runs
-                                                          → terminate_cluster (teardown of create_cluster)
+target: emr     validate_config → create_cluster → wait_for_cluster → smoke → tokenize → window
+                  → positional_embed → export → train → generate → collect → promote, prune_runs
+                                                                   → terminate_cluster (teardown of create_cluster)
                  create_cluster or wait_for_cluster failed → end_orphaned_clusters (the run's clusters, by tag)
 ```
 
@@ -16,7 +16,8 @@ an EMR cluster made for the run. Stages talk only through the run folder `{lake}
 `collect` copies the run's record and report to S3, `promote` points the run name's `latest`
 pointer at the new model (updating the `gpt_pipeline_model` asset), `prune_runs` removes older run
 folders when `keep_runs` is set. On EMR, `wait_for_cluster` waits for the cluster to start and
-bootstrap (within `emr.startup_timeout_minutes`) before the first step, `terminate_cluster` runs
+bootstrap (within `emr.startup_timeout_minutes`), `smoke` checks the nodes (their Python packages,
+the training workers' addresses, YARN's largest container, S3) before the first stage, `terminate_cluster` runs
 whatever happened after `create_cluster`, and a failed step still fails the run; should
 `create_cluster` itself fail, `end_orphaned_clusters` ends whatever cluster carries the run's tag.
 
@@ -57,31 +58,18 @@ from include.record import AWS_CONN_ID, StoredRun, check_bucket, collect_record
 from include.report_link import REPORT_URL_KEY, CollectOperator, report_url
 from include.schedule import cron_timetable
 from include.spark_submit import packaged_code
-from pipeline import corpus_files, lake, run_folder
+from pipeline import corpus_files, deployment, lake, run_folder
 from pipeline import stages as stage_graph
-from pipeline.config import ConfigError, PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.config_files import defaults_path, load_config, read_yaml
-from pipeline.errors import name_some, shown
-from pipeline.overrides import DAG_SETTINGS, setting
-from pipeline.stages import STAGE_NAMES
+from pipeline.errors import name_some
+from pipeline.stages import EMR_STEP_NAMES, STAGE_NAMES
 from spark_jobs.training import memory
 
 log = logging.getLogger(__name__)
 
 CONFIG_PATH = defaults_path()  # include/config/pipeline.yaml unless GPT_PIPELINE_CONFIG names another
-CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form's values
-# With target emr the cluster's tasks are built with these when Airflow parses the DAG, too, and
-# emr.max_core_instances and the security groups bound every run's cluster.
-EMR_DAG_SETTINGS = (
-    "emr.aws_conn_id",
-    "emr.region",
-    "emr.poke_interval_seconds",
-    "emr.startup_timeout_minutes",
-    "emr.max_core_instances",
-    "emr.master_security_group",
-    "emr.slave_security_group",
-    "emr.service_access_security_group",
-)
+CONFIG = load_config(CONFIG_PATH)  # the deployment's settings, the run's defaults and the form's values
 # Updated when a run's model becomes latest; the event's extra names the run, its model and the pointer.
 MODEL_ASSET = Asset(name=model_asset_name(latest_folder(CONFIG)), uri=latest_folder(CONFIG))
 
@@ -105,16 +93,11 @@ def form_config() -> tuple[PipelineConfig, str]:
     folder's name, made of the run name and Airflow's run id, which it makes safe for a folder, an
     S3 key and a cluster's name (run_folder.safe_run_id)."""
     context = get_current_context()
-    config = load_config(CONFIG_PATH, trigger_form.overrides(dict(context["params"])))
-    dag_settings, run_settings = CONFIG.model_dump(), config.model_dump()
-    for name in DAG_SETTINGS + (EMR_DAG_SETTINGS if CONFIG.target == "emr" else ()):
-        dag_value, run_value = setting(dag_settings, name), setting(run_settings, name)
-        if run_value != dag_value:
-            raise ConfigError(
-                f"{name}: this DAG's {name} is {shown(dag_value)}, read from {CONFIG_PATH.name} when Airflow "
-                f"parses the DAG; a run cannot change it (got {shown(run_value)}): edit {CONFIG_PATH.name}"
-            )
-    changed = stage_graph.changed_settings(dag_settings, run_settings)
+    overrides = trigger_form.overrides(dict(context["params"]))
+    deployment.check_overrides(overrides, read_yaml(CONFIG_PATH), CONFIG_PATH.name)
+    config = load_config(CONFIG_PATH, overrides)
+    deployment.check_run_settings(CONFIG, config, CONFIG_PATH.name)
+    changed = stage_graph.changed_settings(CONFIG.model_dump(), config.model_dump())
     log.info(
         "settings from the form: %s", "; ".join(f"{path} = {new!r}" for path, (_, new) in changed.items()) or "none"
     )
@@ -127,6 +110,8 @@ def check_run(config: PipelineConfig, sizes: dict[str, int]) -> preflight.RunChe
     log.info(
         "corpus: %d file(s), %s bytes: %s", len(sizes), f"{sum(sizes.values()):,}", name_some(list(sizes), shown=5)
     )
+    if config.corpus != CONFIG.corpus:  # a link in a folder within corpus_roots may lead out of them
+        deployment.check_corpus_files(sizes, CONFIG.corpus_roots)
     return preflight.check_run(config, sizes)
 
 
@@ -293,8 +278,8 @@ with DAG(
             task_id="wait_for_cluster", job_flow_id=cluster_id, **emr_cluster.startup_limits(CONFIG), **aws
         )
 
-        # Body: one task per stage adds its EMR step and waits for it (a retry adds the step again);
-        # then collect, with the cluster's steps and cost.
+        # Body: one task per stage adds its EMR step and waits for it (a retry adds the step again),
+        # the cluster check (smoke) first; then collect, with the cluster's steps and cost.
         stages = [
             EmrStageSensor(
                 task_id=stage,
@@ -306,7 +291,7 @@ with DAG(
                 **emr_steps.sensor_limits(stage, CONFIG),
                 **aws,
             )
-            for stage in STAGE_NAMES
+            for stage in EMR_STEP_NAMES
         ]
         report = collect_task(run_dir, cluster_id)
 

@@ -11,7 +11,7 @@ from include.emr_cluster import instance_type, read_template, startup_limits
 from include.emr_steps import STEP_RETRIES, sensor_limits
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.config_files import defaults_path
-from pipeline.stages import STAGE_NAMES
+from pipeline.stages import EMR_STEP_NAMES
 
 
 def price_basis(config: PipelineConfig) -> str:
@@ -40,15 +40,15 @@ def max_cluster_hours(config: PipelineConfig, dag_config: PipelineConfig | None 
     a run's own can only be lower."""
     limits = dag_config or config
     seconds = startup_limits(limits)["timeout"]
-    seconds += (1 + STEP_RETRIES) * sum(sensor_limits(stage, limits)["timeout"] for stage in STAGE_NAMES)
+    seconds += (1 + STEP_RETRIES) * sum(sensor_limits(stage, limits)["timeout"] for stage in EMR_STEP_NAMES)
     return round(seconds / 3600 + config.emr.idle_timeout_minutes / 60, 2)
 
 
 def check_budget(config: PipelineConfig, dag_config: PipelineConfig | None = None) -> tuple[float, float]:
     """Stop a run whose cluster could cost more than emr.max_cost_usd, before it exists. The most
     is the on-demand price for the longest the cluster can live, which the DAG's step time limits
-    bound. The budget is the DAG's too, and target emr needs one: a run may lower it for itself, not
-    raise or clear it.
+    bound. The budget is the DAG's too, a deployment setting no run changes (pipeline/deployment.py),
+    and target emr needs one.
     Returns the hourly price and those hours."""
     deployment_budget = (dag_config or config).emr.max_cost_usd
     hourly, hours = hourly_cost_usd(config), max_cluster_hours(config, dag_config)

@@ -15,7 +15,7 @@ from include.spark_submit import spark_submit_argv
 from pipeline import run_folder
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.config_files import defaults_path
-from pipeline.stages import STAGE_NAMES, Stage, by_name
+from pipeline.stages import EMR_STEP_NAMES, Stage, by_name
 from spark_jobs.training import memory
 
 MASTER = "yarn"
@@ -37,6 +37,9 @@ BARRIER_SLOTS_CHECK = {
 # EMR's own setting (on by default in its Spark): off, its executors have the sizes set below
 # rather than ones EMR works out for each node's instance type.
 FIXED_EXECUTOR_SIZES = {"spark.yarn.heterogeneousExecutors.enabled": "false"}
+# The cluster check's step (Stage.time_limit "short") takes about a minute: Spark's start, one
+# barrier task per node importing the nodes' packages, a probe object on S3.
+SHORT_STEP_SECONDS = 5 * 60
 # The settings that make each kind of step time limit (Stage.time_limit) longer, named when a run
 # needs a longer one than the DAG's sensors allow.
 LIMIT_SETTINGS = {
@@ -45,6 +48,7 @@ LIMIT_SETTINGS = {
         "train.max_steps, train.eval_batches, emr.train_seconds_per_step or emr.step_timeout_minutes, or lower "
         "train.eval_interval,"
     ),
+    "short": "nothing (a fixed limit; a run's settings cannot lengthen it)",
 }
 
 
@@ -144,6 +148,8 @@ def train_budget_steps(config: PipelineConfig) -> int:
 
 def step_limit_seconds(stage: str, config: PipelineConfig) -> int:
     """The time limit of a stage's step, counted from when the step starts running."""
+    if by_name(stage).time_limit == "short":
+        return SHORT_STEP_SECONDS
     limit = config.emr.step_timeout_minutes * 60
     if by_name(stage).time_limit == "training_budget":
         limit += math.ceil(train_budget_steps(config) * config.emr.train_seconds_per_step)
@@ -161,7 +167,7 @@ def sensor_limits(stage: str, config: PipelineConfig) -> dict[str, int]:
 def check_sensor_limits(run_config: PipelineConfig, dag_config: PipelineConfig) -> None:
     """Sensor limits are fixed when the DAG is parsed; a run whose overrides (e.g. a larger
     train.max_steps) need more time is stopped before any cluster is created."""
-    for stage in STAGE_NAMES:
+    for stage in EMR_STEP_NAMES:
         needed = step_limit_seconds(stage, run_config)
         allowed = step_limit_seconds(stage, dag_config)
         if needed > allowed:

@@ -1,16 +1,17 @@
 """The EMR target's Airflow pieces, built from include/emr_cluster.py, emr_steps.py, emr_cost.py
 and emr_code.py, which dags/gpt_pipeline.py composes:
 
-    validate_config (prepare) -> create_cluster -> wait_for_cluster -> tokenize -> ... -> generate
-                                                                      -> collect -> terminate_cluster
+    validate_config (prepare) -> create_cluster -> wait_for_cluster -> smoke -> tokenize -> ... -> generate
+                                                                               -> collect -> terminate_cluster
 
 `prepare` checks and uploads the run (building the nodes' wheelhouse first when it is missing) and
 returns the cluster request and every stage's step. create_cluster (EmrCreateClusterOperator)
 uses the run's cluster when one is already active (found by its run_id tag) instead of starting a
 second, and terminates the cluster it made if it fails after EMR made it: a failed setup task's
 teardown does not run. wait_for_cluster (EmrClusterReadySensor) waits for the cluster to start and bootstrap,
-within its own allowance, so that no step's time limit counts it. Each stage is one EmrStageSensor
-task: it adds the stage's EMR step and waits for it, so that a retry runs the stage again.
+within its own allowance, so that no step's time limit counts it. Each stage, and the cluster check
+(smoke) before them, is one EmrStageSensor task: it adds the stage's EMR step and waits for it, so
+that a retry runs the stage again.
 terminate_cluster (EmrTerminateRunClustersOperator) is a teardown task: it runs whatever happened
 to the steps, and since Airflow leaves teardown tasks out of the run's state, a failed step still
 fails the run. It terminates create_cluster's cluster and any other active one tagged with the run,
@@ -31,7 +32,7 @@ from include import emr_cluster, emr_code, emr_cost, emr_steps, wheelhouse
 from include.record import StoredRun, check_bucket
 from pipeline import run_folder
 from pipeline.config import PipelineConfig
-from pipeline.stages import STAGE_NAMES
+from pipeline.stages import EMR_STEP_NAMES
 from spark_jobs.training import memory
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,8 @@ READY_STATES = ("WAITING", "RUNNING")
 
 def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> dict:
     """Check the run fits the DAG's sensor limits, upload it, and return what the EMR tasks send:
-    `run_dir`, `job_flow_overrides` and `{stage}_step` (run it as a task with multiple_outputs=True).
+    `run_dir`, `job_flow_overrides` and `{stage}_step`, the cluster check's too (run it as a task with
+    multiple_outputs=True).
     `run_id` is the run folder's name, made safe once by the DAG (run_folder.safe_run_id); the code's
     folder and the cluster's name and tags take it as it is."""
     emr_steps.check_sensor_limits(config, dag_config)
@@ -50,7 +52,7 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> 
     need = memory.check_training_fits(config, worker_mb, where)
     log.info("training: %s, of the %s MB a worker has", memory.describe(need), f"{worker_mb:,}")
     request = emr_cluster.job_flow_overrides(config, run_id)
-    steps = {f"{stage}_step": emr_steps.stage_step(stage, config, run_id) for stage in STAGE_NAMES}
+    steps = {f"{stage}_step": emr_steps.stage_step(stage, config, run_id) for stage in EMR_STEP_NAMES}
     hourly, hours = emr_cost.check_budget(config, dag_config)
     log.info(
         "cluster: about $%.2f per hour at %s; at most %.1f hours (about $%.0f) with these limits",

@@ -28,7 +28,7 @@ def package_code(dest: Path) -> Path:
     source = REPO_ROOT / "spark_jobs"
     entries = dest / "spark_jobs"
     entries.mkdir(parents=True, exist_ok=True)
-    for stage in stages.STAGES:
+    for stage in stages.EMR_STEPS:  # every stage's, and the EMR target's cluster check's
         (entries / stage.app_file).write_bytes((source / stage.app_file).read_bytes())
     archive = dest / LIBRARY_ZIP
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:

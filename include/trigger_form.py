@@ -1,4 +1,6 @@
-"""The DAG's trigger form: the knobs people change per run, as Airflow Params.
+"""The DAG's trigger form: the knobs people change per run, as Airflow Params. It offers run
+settings only: the deployment's (pipeline/deployment.py) come from its config file alone, and
+validate_config refuses an `overrides` line that changes one.
 
 Each Param stands for one field of the config model; its default is the value in
 include/config/pipeline.yaml. The form only checks types: the values are validated by the config
@@ -67,7 +69,8 @@ def params(defaults: dict) -> dict[str, Param]:
         type="array",
         items={"type": "string"},
         title="other settings",
-        description="One `section.key=value` per line for any other setting of pipeline.yaml, e.g. data.shards=8",
+        description="One `section.key=value` per line for any other run setting of pipeline.yaml, e.g. "
+        "data.shards=8 (not where runs go, the cluster or the schedule: those are the deployment's)",
     )
     return form
 

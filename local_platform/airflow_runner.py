@@ -8,7 +8,8 @@ final validation loss and the generated sample (run_command.py). `ui` starts `ai
 (API server with the UI, scheduler, DAG processor, triggerer) on http://127.0.0.1:8080 so runs can
 be triggered from the form and watched (standalone.py). Airflow's home is airflow_home/ in the
 checkout (SQLite, airflow_home.py). This module reads the command line and refuses, before Airflow
-starts, what the run could not do.
+starts, what the run could not do. The person running `run` is the deployer: its --corpus and the
+deployment settings of its --set become the DAG's own (deployment_file.py).
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ import sys
 
 from include import preflight
 from include.schedule import cron_timetable
-from local_platform import run_command, standalone
+from local_platform import deployment_file, run_command, standalone
 from local_platform.command_settings import add_settings_arguments, add_verbose_argument, settings
 from pipeline import corpus_files
 from pipeline.config import PipelineConfig
 from pipeline.config_files import defaults_path, load_config, read_yaml
 from pipeline.errors import PipelineError, name_some
-from pipeline.overrides import DAG_SETTINGS, apply_overrides, setting
+from pipeline.overrides import apply_overrides
 from spark_jobs.text import corpus
 
 
@@ -38,12 +39,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def check_dag_settings(overrides: list[str]) -> None:
-    """Refuse what a run cannot change, before validation (whose complaints about an emr config,
-    such as its s3:// lake, would miss the point)."""
+def check_target(overrides: list[str]) -> None:
+    """Refuse target emr before validation (whose complaints about an emr config, such as its
+    file:// lake, would miss the point)."""
     defaults = read_yaml(defaults_path())
-    settings = apply_overrides(copy.deepcopy(defaults), overrides)
-    target = settings.get("target")
+    target = apply_overrides(copy.deepcopy(defaults), overrides).get("target")
     if target == "emr":  # any other value than local is the config model's to name
         origin = defaults_path() if target == defaults.get("target") else "SET"
         raise PipelineError(
@@ -51,13 +51,6 @@ def check_dag_settings(overrides: list[str]) -> None:
             "target 'local', their S3 a moto server on this machine; run target 'emr' from an Airflow with "
             "an AWS connection (README: Running on AWS EMR)"
         )
-    for name in DAG_SETTINGS:
-        if name != "target" and setting(settings, name) != setting(defaults, name):  # any target but emr: the model's
-            raise PipelineError(
-                f"{name}: {setting(settings, name)!r} (from SET): the DAG's {name} is read from "
-                f"{defaults_path().name} when Airflow parses the DAG, so a run cannot change it; set it there, and "
-                "`make airflow` follows it"
-            )
 
 
 def warn_unusable_corpus(config: PipelineConfig) -> None:
@@ -76,10 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         overrides = settings(args)
-        conf: dict = {"overrides": overrides}
-        if args.corpus:
-            conf["corpus"] = args.corpus
-        check_dag_settings(overrides)
+        check_target(overrides)
         # Checked here too so that a bad value stops before Airflow starts; the DAG checks it again.
         # In the DAG's order (include/trigger_form.py): the form's corpus, then the overrides.
         config = load_config(overrides=([{"corpus": args.corpus}] if args.corpus else []) + overrides)
@@ -100,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         checked = preflight.check_run(config, corpus_files.corpus_files(config))
         if checked.exposure:
             print(f"WARNING {checked.exposure}", file=sys.stderr)
-        return run_command.run(config, conf, args.verbose)
+        deployers, runs = deployment_file.split(overrides)
+        return run_command.run(config, args.corpus, deployers, runs, args.verbose)
     except PipelineError as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2

@@ -7,15 +7,23 @@ from __future__ import annotations
 import sys
 
 from include.airflow_names import DAG_ID
-from local_platform import airflow_home, console
+from local_platform import airflow_home, console, deployment_file
 from local_platform.airflow_command import Stopped
 from local_platform.dag_test import dags_test, latest_pointer, read_report, run_folders
 from local_platform.moto_s3 import LocalS3
 from local_platform.run_summary import print_report
 from pipeline.config import PipelineConfig
+from pipeline.config_files import defaults_path, read_yaml
+
+# In Airflow's home: the defaults file with the deployer's settings, which the DAG reads as its deployment's.
+DEPLOYMENT_FILE = "pipeline-deployment.yaml"
 
 
-def run(config: PipelineConfig, conf: dict, verbose: bool = False) -> int:
+def run(
+    config: PipelineConfig, corpus: str | None, deployers: list[str], runs: list[str], verbose: bool = False
+) -> int:
+    """Run the DAG once: `corpus` and the `deployers` overrides in its deployment's file, the
+    `runs` overrides in the run's form; `config` is all of them applied."""
     home = airflow_home.AIRFLOW_HOME
     log = console.log_path(home, "run")
     with (
@@ -23,10 +31,11 @@ def run(config: PipelineConfig, conf: dict, verbose: bool = False) -> int:
         LocalS3(buckets=(config.s3.bucket,)) as s3,
         console.teed(log, airflow_home.task_state(home), verbose) as output,
     ):
-        env = airflow_home.prepare(home, s3, output)
+        deployment = deployment_file.write(home / DEPLOYMENT_FILE, read_yaml(defaults_path()), corpus, deployers)
+        env = airflow_home.prepare(home, s3, output) | {"GPT_PIPELINE_CONFIG": str(deployment)}
         before = run_folders(config)
         try:
-            succeeded = dags_test(env, conf, output)
+            succeeded = dags_test(env, {"overrides": runs}, output)
         except Stopped:
             print(f"\ninterrupted: the {DAG_ID} run stops here", file=sys.stderr)
             airflow_home.fail_unfinished_runs(home, env)

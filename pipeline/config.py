@@ -282,22 +282,32 @@ class EmrConfig(_Section):
         return math.ceil((self.poke_interval_seconds + 300) / 60)
 
 
+# Who may change a setting: a field marked DEPLOYMENT (a section as a unit) is set only by the
+# deployment's config file; every other one a run may change (pipeline/deployment.py).
+WHO = "who"
+DEPLOYMENT = {WHO: "deployment"}
+
+
 class PipelineConfig(_Section):
     run_name: str = Field(max_length=64)
-    target: Literal["local", "emr"]
+    target: Literal["local", "emr"] = Field(json_schema_extra=DEPLOYMENT)
     corpus: list[str] = Field(min_length=1)
-    lake: str
-    keep_runs: int | None = Field(default=None, ge=1)
-    s3: S3Config
-    schedule: str | None = None
+    # Where a run's corpus may come from: folders and s3:// prefixes.
+    corpus_roots: list[str] = Field(
+        default=[str(SHARED_CORPUS.parent)], validate_default=True, json_schema_extra=DEPLOYMENT
+    )
+    lake: str = Field(json_schema_extra=DEPLOYMENT)
+    keep_runs: int | None = Field(default=None, ge=1, json_schema_extra=DEPLOYMENT)
+    s3: S3Config = Field(json_schema_extra=DEPLOYMENT)
+    schedule: str | None = Field(default=None, json_schema_extra=DEPLOYMENT)
     tokenizer: TokenizerConfig
     data: DataConfig
     embedding: EmbeddingConfig
     model: ModelConfig
     train: TrainConfig
     generate: GenerateConfig
-    local: LocalConfig = LocalConfig()
-    emr: EmrConfig
+    local: LocalConfig = Field(default=LocalConfig(), json_schema_extra=DEPLOYMENT)
+    emr: EmrConfig = Field(json_schema_extra=DEPLOYMENT)
 
     @model_validator(mode="before")
     @classmethod
@@ -324,6 +334,16 @@ class PipelineConfig(_Section):
     @field_validator("corpus")
     @classmethod
     def _corpus_uris(cls, value: list[str]) -> list[str]:
+        return [to_uri(item) for item in value]
+
+    @field_validator("corpus_roots", mode="before")
+    @classmethod
+    def _one_root_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("corpus_roots")
+    @classmethod
+    def _root_uris(cls, value: list[str]) -> list[str]:
         return [to_uri(item) for item in value]
 
     @field_validator("lake")

@@ -101,11 +101,6 @@ def add_set_argument(parser: argparse.ArgumentParser, help_prefix: str = "") -> 
     )
 
 
-# Read from pipeline.yaml when Airflow parses the DAG, so a run (its form, SET) cannot change them:
-# they shape the DAG itself (its tasks, its schedule, the model asset's URI).
-DAG_SETTINGS = ("target", "schedule", "s3.bucket", "s3.prefix")
-
-
 def setting(data: dict, name: str) -> Any:
     """The value of a dotted setting name in a config's data (None where there is none):
     setting(data, "emr.region")."""

@@ -44,6 +44,8 @@ TFRECORDS_FOLDER = "tfrecords"
 MANIFEST_PATH = f"{TFRECORDS_FOLDER}/manifest.json"
 # Where a stage stages its output before moving it in place (hidden from readers by its '_').
 STAGING_FOLDER = "_staging"
+# smoke's (the EMR target's cluster check): each node's probe object, written, read back and removed.
+SMOKE_PROBE_FOLDER = "_smoke"
 # Every stage's stats, its completion marker (stats_path); train's curve besides.
 STATS_FOLDER = "stats"
 EPOCHS_CSV_PATH = f"{STATS_FOLDER}/epochs.csv"
@@ -171,6 +173,11 @@ def stats_path(stage: str) -> str:
 
 def stats_uri(run: str, stage: str) -> str:
     return lake.join(run, stats_path(stage))
+
+
+def smoke_probe_path(worker: int) -> str:
+    """Where, in the run folder, the cluster check's task `worker` writes its probe object."""
+    return f"{SMOKE_PROBE_FOLDER}/node-{worker}"
 
 
 def spark_event_log_path(stage: str) -> str:

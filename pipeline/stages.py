@@ -8,6 +8,9 @@ their completion markers are removed so that nothing stale counts as done.
 No other module tells stages apart by their names: what the targets do differently for a stage
 (its Spark settings, a private network namespace, an EMR step's executors and time limit, the
 checks before a run) they read from its row here.
+
+The EMR target also runs the cluster check (CLUSTER_CHECK), a step before the first stage that
+makes nothing a stage reads: EMR_STEPS are the steps of an EMR run, in order.
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ class Stage:
     What sets a stage apart where it runs:
     `reads_corpus`: it reads the corpus; the corpus, and the room its outputs need, are checked before
       a run that includes it (include/preflight.py).
-    `barrier`: it runs train.num_workers TensorFlow training workers, one per task of a Spark barrier
-      stage: dynamic allocation off and the failed stage retried whole (include/spark_submit.py), on
-      EMR one executor owning a whole core node per worker (include/emr_steps.py), and locally a
-      training worker's memory is checked before a run that includes it (include/preflight.py).
+    `barrier`: it runs train.num_workers tasks of a Spark barrier stage, one per node (the TensorFlow
+      training workers, or the cluster check's probes of the nodes they will run on): dynamic
+      allocation off and the failed stage retried whole (include/spark_submit.py), on EMR one executor
+      owning a whole core node per worker (include/emr_steps.py), and locally a training worker's
+      memory is checked before a run that includes it (include/preflight.py).
     `contained`: locally it runs in a private network namespace that holds only loopback
       (include/local_spark.py, docs/network.md), since its TensorFlow workers' gRPC servers listen on
       every interface and authenticate no one; it must need nothing but the local run folder (tokenize,
@@ -44,7 +48,8 @@ class Stage:
     `whole_node_executors`: on EMR each of its executors owns a whole core node, most of whose memory
       is left to the executor's Python workers (include/emr_steps.py); the others get Spark's sizes.
     `time_limit`: what its EMR step's time limit is (include/emr_steps.py): "fixed", emr.step_timeout_minutes;
-      "training_budget", that plus the training's steps and evaluation batches at emr.train_seconds_per_step.
+      "training_budget", that plus the training's steps and evaluation batches at emr.train_seconds_per_step;
+      "short", a few minutes whatever the settings.
     """
 
     name: str
@@ -57,7 +62,7 @@ class Stage:
     barrier: bool = False
     contained: bool = False
     whole_node_executors: bool = False
-    time_limit: Literal["fixed", "training_budget"] = "fixed"
+    time_limit: Literal["fixed", "training_budget", "short"] = "fixed"
 
 
 # In pipeline order: a stage's inputs come before it.
@@ -139,11 +144,26 @@ STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in STAGES)
 TRAINING_STAGE: str = next(stage.name for stage in STAGES if stage.barrier)
 # The Spark stages before training, which make its data.
 PREPROCESSING_STAGES: tuple[str, ...] = STAGE_NAMES[: STAGE_NAMES.index(TRAINING_STAGE)]
-_BY_NAME = {stage.name: stage for stage in STAGES}
+# The EMR target's first step, on the executors the train step will ask for: the nodes' Python
+# packages, each training worker's own address, YARN's largest container and the run folder on S3
+# (spark_jobs/smoke.py). It fails the run before tokenize when the cluster cannot carry it; the
+# local target, whose Spark is this machine's, does not run it.
+CLUSTER_CHECK = Stage(
+    "smoke",
+    "smoke.py",
+    inputs=(),
+    settings=(),
+    writes=(run_folder.SMOKE_PROBE_FOLDER,),  # a probe object per node, removed again
+    barrier=True,
+    time_limit="short",
+)
+EMR_STEPS: tuple[Stage, ...] = (CLUSTER_CHECK, *STAGES)
+EMR_STEP_NAMES: tuple[str, ...] = tuple(stage.name for stage in EMR_STEPS)
+_BY_NAME = {stage.name: stage for stage in EMR_STEPS}
 
 
 def by_name(name: str) -> Stage:
-    """The stage of that name, or a ValueError naming the stages there are."""
+    """The stage (or the cluster check) of that name, or a ValueError naming the stages there are."""
     try:
         return _BY_NAME[name]
     except KeyError:

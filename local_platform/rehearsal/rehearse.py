@@ -24,11 +24,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import boto3
-import yaml
 from botocore.config import Config
 
 from include import emr_checks, emr_code, emr_cost, loopback_only, wheelhouse
-from local_platform import airflow_home, console
+from local_platform import airflow_home, console, deployment_file
 from local_platform.airflow_command import Stopped
 from local_platform.command_settings import add_settings_arguments, add_verbose_argument, settings
 from local_platform.dag_test import dags_test, latest_pointer, read_report
@@ -86,8 +85,9 @@ class Rehearsal:
         self.corpus_uris = [f"s3://{BUCKET}/{CORPUS_PREFIX}/{name}" for name in names]
         settings = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), rehearsal_settings(BUCKET, self.corpus_uris))
         self.folder = Path(tempfile.mkdtemp(prefix="gpt-pipeline-rehearsal-"))
-        self.defaults_path = self.folder / "pipeline-rehearsal.yaml"
-        self.defaults_path.write_text(yaml.safe_dump(settings, sort_keys=False))
+        # The one rehearsing is the deployer: their deployment settings are the DAG's own.
+        deployers, self.run_overrides = deployment_file.split(overrides)
+        self.defaults_path = deployment_file.write(self.folder / "pipeline-rehearsal.yaml", settings, None, deployers)
         try:
             self.dag_config = load_config(self.defaults_path)
             self.config = load_config(self.defaults_path, overrides)  # a bad override stops here, before Airflow
@@ -122,7 +122,7 @@ class Rehearsal:
         return self
 
     def run(self) -> bool:
-        return dags_test(self.env, {"overrides": self.overrides}, self.output)
+        return dags_test(self.env, {"overrides": self.run_overrides}, self.output)
 
     def keep(self, parent: Path = REHEARSALS) -> Path:
         """The moto server's buckets but the corpus uploaded from this machine, copied to a new

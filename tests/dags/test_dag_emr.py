@@ -2,7 +2,8 @@
 operators from include/emr_tasks.py) run by Airflow's dag.test() against a moto server: EMR and S3
 over HTTP, fake credentials, every AWS endpoint forced to moto. moto never runs a step, so a
 thread plays the cluster: it finishes each step as it is added (failing one when asked) and writes
-what the stage would (its completion marker; train's stats and generate's sample for collect).
+what the stage would (its completion marker; the cluster check's findings, train's stats and
+generate's sample for collect).
 validate_config's other refusals, which need no run, call its task's function with Airflow's
 context stood in for (`refusal`); one of them runs the DAG, to show the run stops there."""
 
@@ -24,7 +25,6 @@ import botocore.loaders
 import botocore.session
 import pytest
 import requests
-import yaml
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from airflow.sdk.exceptions import AirflowFailException
 from moto.core import DEFAULT_ACCOUNT_ID
@@ -38,11 +38,12 @@ from include import emr_cluster, emr_code, emr_steps, emr_tasks, wheelhouse
 from include.spark_submit import package_code
 from pipeline import lake, run_folder
 from pipeline.config import REPO_ROOT
-from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
+from pipeline.config_files import load_config
+from pipeline.deployment import deployment_settings
 from pipeline.errors import PipelineError
-from pipeline.overrides import apply_overrides
-from pipeline.stages import STAGE_NAMES
+from pipeline.stages import CLUSTER_CHECK, EMR_STEP_NAMES, STAGE_NAMES
 from spark_jobs.spark import stage_app
+from tests.deployments import amend_deployment, deploy
 
 REGION = "us-east-1"
 BUCKET = "gpt-pipeline-test"
@@ -54,9 +55,24 @@ OVERRIDES = {
     "lake": f"s3://{BUCKET}/lake",
     "s3": {"bucket": BUCKET},
     "emr": {"log_uri": f"s3://{BUCKET}/emr-logs/", "code_prefix": f"s3://{BUCKET}/code/", "poke_interval_seconds": 1},
+    "corpus_roots": [f"s3://{BUCKET}/corpus/"],
 }
 SONNET_LINE = b"Shall I compare thee to a summer's day?\n"
 TRAIN_STATS = {"final_val_loss": 4.2, "final_val_nats_per_char": 1.3}
+SMOKE_STATS = {
+    "master": "yarn",
+    "nodes": [
+        {
+            "worker": worker,
+            "address": f"10.0.1.{17 + worker}",
+            "versions": {"python": "3.11.14", "tensorflow": "2.21.0"},
+        }
+        for worker in range(2)
+    ],
+    "distinct_addresses": True,
+    "yarn": {"yarn.scheduler.maximum-allocation-mb": 28672},
+    "executor_mb": {"spark.executor.memory": 6656, "spark.executor.memoryOverhead": 19968},
+}
 TRAIN_PROGRESS = {
     "step": 1200,
     "max_steps": 3000,
@@ -98,10 +114,7 @@ def airflow_db():
 @pytest.fixture
 def emr_defaults(tmp_path, monkeypatch):
     """pipeline.yaml with target emr, as the DAG's defaults file."""
-    path = tmp_path / "pipeline-emr.yaml"
-    path.write_text(yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), OVERRIDES)))
-    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(path))
-    return path
+    return deploy(monkeypatch, tmp_path / "pipeline-emr.yaml", OVERRIDES)
 
 
 @pytest.fixture
@@ -270,6 +283,8 @@ class Cluster(threading.Thread):
             step.state = "FAILED"
         else:
             outputs = {run_folder.stats_uri(run_dir, stage_name): b"{}"}
+            if stage_name == CLUSTER_CHECK.name:
+                outputs[run_folder.stats_uri(run_dir, stage_name)] = json.dumps(SMOKE_STATS).encode()
             if stage_name == "train":
                 outputs[run_folder.stats_uri(run_dir, "train")] = json.dumps(TRAIN_STATS).encode()
                 outputs[lake.join(run_dir, run_folder.EPOCHS_CSV_PATH)] = b"epoch,step,val_loss\n1,3,2.5\n"
@@ -319,7 +334,7 @@ def run_dag(
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     if startup_timeout_s:
         dag.get_task("wait_for_cluster").timeout = startup_timeout_s
-    for task_id in (*STAGE_NAMES, "terminate_cluster"):
+    for task_id in (*EMR_STEP_NAMES, "terminate_cluster"):
         dag.get_task(task_id).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
     for stage_name in hanging if time_limit_s else ():  # only theirs: the others finish at any machine load
         dag.get_task(stage_name).timeout = time_limit_s
@@ -393,10 +408,10 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     (action,) = aws["emr"].list_bootstrap_actions(ClusterId=cluster["Id"])["BootstrapActions"]
     assert s3_bytes(aws, action["ScriptPath"]) == emr_code.RUN_FILES["bootstrap.sh"].read_bytes()
 
-    # The steps: one per stage, in order, each the shared spark-submit command.
-    assert finished == list(STAGE_NAMES)
+    # The steps: the cluster check, then one per stage, in order, each the shared spark-submit command.
+    assert finished == list(EMR_STEP_NAMES) == [CLUSTER_CHECK.name, *STAGE_NAMES]
     steps = aws["emr"].list_steps(ClusterId=cluster["Id"])["Steps"]
-    assert sorted(step["Name"] for step in steps) == sorted(STAGE_NAMES)
+    assert sorted(step["Name"] for step in steps) == sorted(EMR_STEP_NAMES)
     for step in steps:
         expected = emr_steps.stage_step(step["Name"], config, run_id)
         assert step["Config"]["Args"] == expected["HadoopJarStep"]["Args"]
@@ -405,9 +420,9 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     # The first step was added once the cluster had started and bootstrapped: wait_for_cluster waited.
     assert f"cluster {cluster['Id']} is STARTING" in logged
     assert starting_clusters[0] == "WAITING" and set(starting_clusters) <= set(emr_tasks.READY_STATES)
-    assert len(starting_clusters) == len(STAGE_NAMES)
+    assert len(starting_clusters) == len(EMR_STEP_NAMES)
     first = steps[-1]
-    assert first["Name"] == STAGE_NAMES[0]
+    assert first["Name"] == CLUSTER_CHECK.name
     assert first["Status"]["Timeline"]["CreationDateTime"] >= cluster["Status"]["Timeline"]["ReadyDateTime"]
     # The train task logged the progress its running step reported.
     assert (
@@ -433,7 +448,7 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     # with the cluster's steps, as EMR reported them just before the cluster was terminated
     assert report["emr"]["cluster_id"] == cluster["Id"] and report["emr"]["release"] == config.emr.release_label
     assert [(step["name"], step["state"]) for step in report["emr"]["steps"]] == [
-        (stage, "COMPLETED") for stage in STAGE_NAMES
+        (stage, "COMPLETED") for stage in EMR_STEP_NAMES
     ]
     assert report["emr"]["cost_usd_so_far"] >= 0 and all(step["seconds"] is not None for step in report["emr"]["steps"])
     report_md = s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_id}/report.md").decode()
@@ -441,6 +456,9 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
         f"## EMR\n\nCluster {cluster['Id']} ({config.emr.release_label})" in report_md
         and "| train | COMPLETED |" in report_md
     )
+    # and what the cluster check found on the nodes
+    assert report["cluster_check"]["nodes"] == SMOKE_STATS["nodes"]
+    assert "## Cluster check\n" in report_md and "| 1 | 10.0.1.18 | 3.11.14 | 2.21.0 |" in report_md
     # promote pointed the run name's latest pointer at the collected model.
     pointer = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/latest/{config.run_name}.json"))
     assert pointer["model"] == report["s3_uri"] + f"{run_folder.MODEL_FOLDER}/" and pointer["run"] == run_id
@@ -462,7 +480,7 @@ def test_an_error_in_the_thread_playing_the_cluster_ends_the_run_and_fails_the_t
 
 
 def test_promote_if_better_is_skipped_when_latest_points_at_a_better_model(airflow_db, aws, emr_defaults):
-    emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), {"s3": {"promote": "if_better"}})))
+    amend_deployment(emr_defaults, {"s3": {"promote": "if_better"}})
     config = load_config(emr_defaults)
     key = f"{config.s3.prefix}/latest/{config.run_name}.json"
     better = {"run": "an-earlier-run", "model": f"s3://{BUCKET}/runs/an-earlier-run/model/", "val_nats_per_char": 1.0}
@@ -470,7 +488,7 @@ def test_promote_if_better_is_skipped_when_latest_points_at_a_better_model(airfl
 
     dag_run, states, finished = run_dag(aws)
 
-    assert dag_run.state == "success" and finished == list(STAGE_NAMES)
+    assert dag_run.state == "success" and finished == list(EMR_STEP_NAMES)
     assert states["collect"] == "success" and states["promote"] == "skipped"
     assert json.loads(s3_bytes(aws, f"s3://{BUCKET}/{key}")) == better
     assert asset_events(dag_run) == []
@@ -487,8 +505,8 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
 
     assert states.pop("end_orphaned_clusters") == "skipped"
     assert dag_run.state == "success" and set(states.values()) == {"success"}, states
-    assert finished == ["tokenize", "window", "window (try 2)", *STAGE_NAMES[2:]]
-    assert step_states(aws)[:3] == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "COMPLETED")]
+    assert finished == [CLUSTER_CHECK.name, "tokenize", "window", "window (try 2)", *STAGE_NAMES[2:]]
+    assert step_states(aws)[1:4] == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "COMPLETED")]
     assert "window stopped: RuntimeError: the executor was lost" in "".join(capfd.readouterr())
     # the retried step is the same command
     steps = {
@@ -498,11 +516,10 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
     assert steps["window (try 2)"] == steps["window"]
     # the retried step does not report the previous try's error as its own
     config = load_config(overrides=OVERRIDES)
-    run_dir = run_folder.run_dir(config, run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}"))
+    run = run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}")
     with pytest.raises(aws["s3"].exceptions.NoSuchKey):
-        s3_bytes(aws, lake.join(run_dir, run_folder.error_path("window")))
+        s3_bytes(aws, lake.join(run_folder.run_dir(config, run), run_folder.error_path("window")))
     # the report's timeline: the cluster's start-up, then every step EMR ran, the failed try included
-    run = run_folder.safe_run_id(dag_run.run_id)
     pages = [  # the record's and the run folder's (on S3 too)
         aws["s3"].get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read().decode()
         for item in aws["s3"].list_objects_v2(Bucket=BUCKET)["Contents"]
@@ -511,7 +528,7 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
     assert len(pages) == 2
     for page in pages:
         bars = re.findall(r'<rect class="bar (\w+)"', page)
-        assert bars == ["startup", "completed", "failed", *["completed"] * (len(STAGE_NAMES) - 1)]
+        assert bars == ["startup", "completed", "completed", "failed", *["completed"] * (len(STAGE_NAMES) - 1)]
 
 
 def test_a_step_that_fails_in_every_try_fails_the_run_and_the_cluster_is_still_terminated(airflow_db, aws):
@@ -521,9 +538,9 @@ def test_a_step_that_fails_in_every_try_fails_the_run_and_the_cluster_is_still_t
     assert states["tokenize"] == "success" and states["window"] == "failed"
     assert states["positional_embed"] == states["collect"] == states["promote"] == "upstream_failed"
     assert states["terminate_cluster"] == "success"
-    assert finished == ["tokenize", "window", "window (try 2)"]
+    assert finished == [CLUSTER_CHECK.name, "tokenize", "window", "window (try 2)"]
     assert only_cluster(aws)["Status"]["State"] == "TERMINATED"
-    assert step_states(aws) == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "FAILED")]
+    assert step_states(aws)[1:] == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "FAILED")]
 
 
 def test_a_stage_stopped_by_bad_input_fails_at_once_with_its_error(airflow_db, aws, capfd):
@@ -531,21 +548,35 @@ def test_a_stage_stopped_by_bad_input_fails_at_once_with_its_error(airflow_db, a
 
     assert dag_run.state == "failed" and states["tokenize"] == "failed"
     assert "AirflowFailException: tokenize: the corpus is not UTF-8" in "".join(capfd.readouterr())
-    assert step_states(aws) == [("tokenize", "FAILED")]
+    assert step_states(aws) == [(CLUSTER_CHECK.name, "COMPLETED"), ("tokenize", "FAILED")]
     assert only_cluster(aws)["Status"]["State"] == "TERMINATED"
+
+
+def test_a_cluster_check_that_fails_stops_the_run_before_tokenize_and_the_cluster_is_terminated(airflow_db, aws, capfd):
+    """The smoke step's failures are its findings (two workers on one node, a package that does not
+    import): recorded as bad input, which a retry would find again."""
+    dag_run, states, finished = run_dag(aws, failures={CLUSTER_CHECK.name: 2}, bad_input=True)
+
+    assert dag_run.state == "failed" and states[CLUSTER_CHECK.name] == "failed", states
+    assert dag_run.get_task_instance(CLUSTER_CHECK.name).try_number == 1
+    assert f"AirflowFailException: {CLUSTER_CHECK.name}: the corpus is not UTF-8" in "".join(capfd.readouterr())
+    assert states["tokenize"] == states["collect"] == "upstream_failed"
+    assert step_states(aws) == [(CLUSTER_CHECK.name, "FAILED")] and finished == [CLUSTER_CHECK.name]
+    assert states["terminate_cluster"] == "success" and only_cluster(aws)["Status"]["State"] == "TERMINATED"
 
 
 def test_a_cluster_that_ended_fails_the_stage_at_once_with_the_clusters_reason(airflow_db, aws, capfd):
     reason = "On the master instance (i-0abc), bootstrap action 1 returned a non-zero return code"
     dag_run, states, finished = run_dag(aws, ends_with=reason)
+    first = EMR_STEP_NAMES[0]
 
-    assert dag_run.state == "failed" and states["tokenize"] == "failed", states
-    assert dag_run.get_task_instance("tokenize").try_number == 1  # no retry: there is no cluster to run it on
+    assert dag_run.state == "failed" and states[first] == "failed", states
+    assert dag_run.get_task_instance(first).try_number == 1  # no retry: there is no cluster to run it on
     logged = "".join(capfd.readouterr())
     cluster_id = only_cluster(aws)["Id"]
-    assert f"AirflowFailException: tokenize: cluster {cluster_id} ended (TERMINATED_WITH_ERRORS): {reason}" in logged
+    assert f"AirflowFailException: {first}: cluster {cluster_id} ended (TERMINATED_WITH_ERRORS): {reason}" in logged
     assert f"bootstrap logs: s3://{BUCKET}/emr-logs/{cluster_id}/node/" in logged
-    assert step_states(aws) == [("tokenize", "CANCELLED")]
+    assert step_states(aws) == [(first, "CANCELLED")]
     assert states["terminate_cluster"] == "success"
 
 
@@ -558,7 +589,8 @@ def test_a_cluster_that_ended_between_steps_fails_the_next_stage_at_once_before_
     assert f"AirflowFailException: window: cluster {only_cluster(aws)['Id']} ended (TERMINATED): {reason}" in "".join(
         capfd.readouterr()
     )
-    assert step_states(aws) == [("tokenize", "COMPLETED")]  # EMR would refuse the step; none was sent
+    # EMR would refuse the step; none was sent
+    assert step_states(aws) == [(CLUSTER_CHECK.name, "COMPLETED"), ("tokenize", "COMPLETED")]
 
 
 def test_a_cluster_that_could_not_be_terminated_fails_the_run(airflow_db, aws, monkeypatch):
@@ -568,7 +600,7 @@ def test_a_cluster_that_could_not_be_terminated_fails_the_run(airflow_db, aws, m
     monkeypatch.setattr(ElasticMapReduceResponse, "terminate_job_flows", refused)
     dag_run, states, finished = run_dag(aws)
 
-    assert finished == list(STAGE_NAMES) and states["promote"] == "success"
+    assert finished == list(EMR_STEP_NAMES) and states["promote"] == "success"
     assert states["terminate_cluster"] == "failed" and dag_run.state == "failed"  # someone must see the cluster is up
     assert only_cluster(aws)["Status"]["State"] != "TERMINATED"
 
@@ -579,7 +611,8 @@ def test_a_step_out_of_time_fails_its_task_without_a_retry(airflow_db, aws, capf
 
     assert dag_run.state == "failed" and states["window"] == "failed"
     assert (dag_run.get_task_instance("window").try_number, states["terminate_cluster"]) == (1, "success")
-    assert step_states(aws) == [("tokenize", "COMPLETED"), ("window", "RUNNING")]  # moto leaves it so on terminate
+    # moto leaves the running step so on terminate
+    assert step_states(aws) == [(CLUSTER_CHECK.name, "COMPLETED"), ("tokenize", "COMPLETED"), ("window", "RUNNING")]
 
 
 def test_a_step_its_own_time_limit_ended_fails_its_task_without_a_retry(airflow_db, aws, capfd):
@@ -591,7 +624,7 @@ def test_a_step_its_own_time_limit_ended_fails_its_task_without_a_retry(airflow_
 
     assert dag_run.state == "failed" and states["window"] == "failed"
     assert (dag_run.get_task_instance("window").try_number, states["terminate_cluster"]) == (1, "success")
-    assert finished == ["tokenize", "window"]
+    assert finished == [CLUSTER_CHECK.name, "tokenize", "window"]
 
 
 def test_a_cluster_not_started_within_its_allowance_fails_naming_the_setting_and_is_terminated(
@@ -607,7 +640,7 @@ def test_a_cluster_not_started_within_its_allowance_fails_naming_the_setting_and
     )
     assert dag_run.state == "failed" and states["wait_for_cluster"] == "failed", states
     assert dag_run.get_task_instance("wait_for_cluster").try_number == 1
-    assert states[STAGE_NAMES[0]] == "upstream_failed" and starting_clusters == [] and finished == []
+    assert states[EMR_STEP_NAMES[0]] == "upstream_failed" and starting_clusters == [] and finished == []
     assert states["terminate_cluster"] == "success"
     assert emr_backend().clusters[cluster_id].state == "TERMINATED"
 
@@ -738,8 +771,7 @@ def refusal(aws, form: dict | None = None) -> str:
 
 
 def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluster_exists(aws, emr_defaults):
-    settings = apply_overrides(read_yaml(emr_defaults), {"data": {"stride": 1}, "emr": {"core_ebs_gb": 1}})
-    emr_defaults.write_text(yaml.safe_dump(settings))
+    amend_deployment(emr_defaults, {"data": {"stride": 1}, "emr": {"core_ebs_gb": 1}})
     aws["s3"].put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=SONNET_LINE * 1_000_000)  # 40 MB
 
     assert (
@@ -771,7 +803,7 @@ def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluste
     ids=["record", "logs", "lake", "corpus", "shipped-record", "shipped-lake-and-code", "service-role-v2"],
 )
 def test_an_account_setting_that_cannot_work_fails_before_any_cluster_exists(aws, emr_defaults, setting, message):
-    emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), setting)))
+    amend_deployment(emr_defaults, setting)
     assert f"Error: {message}" in refusal(aws)
 
 
@@ -781,26 +813,27 @@ def test_an_account_setting_that_cannot_work_fails_before_any_cluster_exists(aws
         ({"emr": {"max_cost_usd": None}}, None, "ConfigError: emr.max_cost_usd: target emr needs a budget"),
         (
             {},
-            {"overrides": ["emr.core_instance_count=100"]},
-            "emr.core_instance_count (100) exceeds emr.max_core_instances (10)",
-        ),
-        (
-            {},
             {"overrides": ["emr.max_core_instances=200"]},
-            "ConfigError: emr.max_core_instances: this DAG's emr.max_core_instances is 10",
+            "ConfigError: emr.max_core_instances: a deployment setting, which a run cannot change: this DAG's "
+            "emr.max_core_instances is 10",
         ),
         (
             {},
             {"overrides": ["emr.idle_timeout_minutes=10080"]},
-            "emr.idle_timeout_minutes: Input should be less than or equal to 120",
+            "ConfigError: emr.idle_timeout_minutes: a deployment setting, which a run cannot change",
+        ),
+        (
+            {},
+            {"max_steps": 100_000},
+            "ConfigError: stage train needs a step time limit of",
         ),
     ],
-    ids=["no-budget", "100-core-nodes", "raised-cap", "7-day-idle-timeout"],
+    ids=["no-budget", "raised-cap", "7-day-idle-timeout", "longer-training"],
 )
 def test_a_run_over_a_bound_of_its_bill_fails_before_any_cluster_exists(
     aws, emr_defaults, run_job_flow_requests, deployment, form, message
 ):
-    emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), deployment)))
+    amend_deployment(emr_defaults, deployment)
     assert message in refusal(aws, form)
     assert run_job_flow_requests == []
 
@@ -825,27 +858,54 @@ def test_a_corpus_object_that_is_not_text_fails_before_any_cluster_exists(aws, r
 
 def test_a_run_cannot_move_the_cluster_to_another_region_or_connection(aws):
     """The cluster's tasks were built with the DAG's region and connection when Airflow parsed it."""
-    assert "ConfigError: emr.region: this DAG's emr.region is None" in refusal(
-        aws, {"overrides": ["emr.region=us-west-2"]}
+    assert (
+        "ConfigError: emr.region: a deployment setting, which a run cannot change: this DAG's emr.region is None"
+        in (refusal(aws, {"overrides": ["emr.region=us-west-2"]}))
     )
+
+
+@pytest.mark.parametrize("name", deployment_settings())
+def test_a_run_changing_any_deployment_setting_is_refused_before_any_cluster_exists(aws, run_job_flow_requests, name):
+    refused = refusal(aws, {"overrides": [f"{name}=changed-by-a-run"]})
+    assert refused.startswith(
+        f"ConfigError: {name}: a deployment setting, which a run cannot change: this DAG's {name}"
+    )
+    assert run_job_flow_requests == []
+
+
+@pytest.mark.parametrize(
+    "corpus", ["~/.aws/credentials", f"s3://{BUCKET}/lake/*", f"s3://{BUCKET}/corpus-private/a.txt", "s3://other/a.txt"]
+)
+def test_a_run_reading_a_corpus_outside_the_deployments_roots_is_refused_before_any_cluster_exists(
+    aws, run_job_flow_requests, corpus
+):
+    refused = refusal(aws, {"corpus": corpus})
+    assert refused.startswith("ConfigError: corpus: ") and "is outside the folders and prefixes" in refused
+    assert f"corpus_roots: s3://{BUCKET}/corpus/" in refused
+    assert run_job_flow_requests == []
 
 
 def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr_defaults):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     config = load_config(overrides=OVERRIDES)
-    for stage_name in STAGE_NAMES:
+    for stage_name in EMR_STEP_NAMES:
         sensor, limits = dag.get_task(stage_name), emr_steps.sensor_limits(stage_name, config)
         assert (float(sensor.timeout), sensor.poke_interval) == (limits["timeout"], limits["poke_interval"])
         assert sensor.region_name == config.emr.region and sensor.aws_conn_id == config.emr.aws_conn_id
         assert sensor.deferrable is False  # its checks of a failed step run in poke
         assert sensor.retries == emr_steps.STEP_RETRIES == 1
-    assert dag.get_task("train").timeout > dag.get_task("window").timeout
+    assert dag.get_task("train").timeout > dag.get_task("window").timeout > dag.get_task(CLUSTER_CHECK.name).timeout
     assert dag.get_task("create_cluster").retries == 0
     wait = dag.get_task("wait_for_cluster")
     startup = emr_cluster.startup_limits(config)
     assert (float(wait.timeout), wait.poke_interval, wait.mode) == (startup["timeout"], 1, "reschedule")
-    assert (
-        "create_cluster" in wait.upstream_task_ids and "wait_for_cluster" in dag.get_task("tokenize").upstream_task_ids
-    )
+    # wait_for_cluster >> smoke >> tokenize: the cluster check runs first, on the cluster once it is ready
+    assert "create_cluster" in wait.upstream_task_ids
+    assert dag.get_task(CLUSTER_CHECK.name).upstream_task_ids == {
+        "validate_config",
+        "create_cluster",
+        "wait_for_cluster",
+    }
+    assert dag.get_task("tokenize").upstream_task_ids == {"validate_config", "create_cluster", CLUSTER_CHECK.name}
     terminate = dag.get_task("terminate_cluster")
     assert terminate.is_teardown and terminate.upstream_task_ids == {"validate_config", "create_cluster", "collect"}

@@ -96,10 +96,10 @@ def test_the_emr_dag_parses_and_builds_its_cluster_and_steps_without_spark_or_te
         assert dagbag.import_errors == {}, dagbag.import_errors
 
         from include import emr_cluster, emr_cost, emr_steps
-        from pipeline.stages import STAGE_NAMES
+        from pipeline.stages import EMR_STEP_NAMES
 
         dag = dagbag.dags["gpt_pipeline"]
-        cluster = {"create_cluster", "wait_for_cluster", *STAGE_NAMES, "terminate_cluster", "end_orphaned_clusters"}
+        cluster = {"create_cluster", "wait_for_cluster", *EMR_STEP_NAMES, "terminate_cluster", "end_orphaned_clusters"}
         assert set(dag.task_ids) == {"validate_config", *cluster, "collect", "promote", "prune_runs"}, dag.task_ids
         assert dag.get_task("terminate_cluster").is_teardown
 
@@ -108,7 +108,7 @@ def test_the_emr_dag_parses_and_builds_its_cluster_and_steps_without_spark_or_te
         assert config.target == "emr"
         request = emr_cluster.job_flow_overrides(config, "run-1")
         assert request["Instances"]["InstanceGroups"], request
-        for stage in STAGE_NAMES:
+        for stage in EMR_STEP_NAMES:
             step = emr_steps.stage_step(stage, config, "run-1")
             assert step["HadoopJarStep"]["Args"], step
             assert emr_steps.sensor_limits(stage, config)["timeout"] > 0

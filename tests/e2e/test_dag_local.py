@@ -31,6 +31,7 @@ from pipeline.config_files import load_config
 from pipeline.stages import STAGE_NAMES
 from spark_jobs.training import tensorboard_log
 from tests.conftest import SMALL_DATA, write_slice
+from tests.deployments import deployment_env
 from tests.e2e.browser import chromium, full_page_screenshot
 
 BUCKET = load_config().s3.bucket
@@ -101,7 +102,8 @@ def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, 
     tests/include/test_preflight.py, tests/spark_jobs/test_memory.py), and a bad corpus goes through
     `make run` (tests/local_platform/test_run_command.py)."""
     env, _, home = local_airflow
-    code, output = dags_test(env, {"stride": 0, "overrides": [f"lake={tmp_path / 'lake'}"]})
+    deployed = deployment_env(tmp_path / "pipeline.yaml", {"lake": str(tmp_path / "lake")}, env)
+    code, output = dags_test(deployed, {"stride": 0})
     assert code != 0
     assert "invalid configuration: data.stride: Input should be greater than or equal to 1 (got 0)" in output
     _, state, tasks = last_run_states(home)
@@ -356,7 +358,8 @@ def test_the_report_pages_figures_are_the_reports(collected_run, report_page):
     assert shown("figure-parameters") == f"{report['train']['parameters']:,}"
     assert shown("figure-corpus-chars") == f"{sum(split['chars'] for split in report['splits'].values()):,}"
     settings = shown("settings")
-    assert f"train.max_steps {load_config().train.max_steps} 40" in settings and "keep_runs null 1" in settings
+    assert f"train.max_steps {load_config().train.max_steps} 40" in settings
+    assert "keep_runs" not in settings  # make run's SET put it in the DAG's config file: the deployment's, not a change
     spark = shown("spark-metrics")
     for stage, metrics in report["spark"].items():  # Spark's metrics where the stage recorded them
         assert metrics["app_id"] in spark if metrics else "not recorded" in spark, stage

@@ -34,7 +34,7 @@ from local_platform.rehearsal.rehearse import Rehearsal
 from pipeline import run_folder
 from pipeline.config import REPO_ROOT
 from pipeline.run_folder import BACKUP_PATH
-from pipeline.stages import STAGE_NAMES
+from pipeline.stages import CLUSTER_CHECK, EMR_STEP_NAMES, STAGE_NAMES
 from spark_jobs.generate import load_model
 from tests.conftest import SMALL_DATA
 from tests.listening import watch_listening
@@ -165,7 +165,7 @@ def test_the_emr_dag_succeeds_on_the_rehearsal(rehearsed):
 def test_every_stage_ran_as_one_completed_step_on_the_cluster(rehearsed):
     # the train step's killed worker failed a Spark attempt inside the step, not the step
     assert [(step["Name"], step["Status"]["State"]) for step in rehearsed["steps"]] == [
-        (stage, "COMPLETED") for stage in STAGE_NAMES
+        (stage, "COMPLETED") for stage in EMR_STEP_NAMES
     ]
 
 
@@ -203,6 +203,26 @@ def test_training_wrote_one_epochs_row_per_validation_pass(rehearsed):
     rows = list(csv.DictReader(run_file(rehearsed, "stats/epochs.csv").decode().splitlines()))
     assert [int(row["step"]) for row in rows] == [100, 200, 300]
     assert all(np.isfinite(float(row["val_loss"])) for row in rows)
+
+
+def test_the_cluster_check_found_two_distinct_node_addresses_and_the_nodes_versions(rehearsed):
+    found = stats(rehearsed, CLUSTER_CHECK.name)
+    nodes = found["nodes"]
+    # one worker per node, whichever node each worker's task was placed on
+    assert sorted(node["address"] for node in nodes) == ["127.0.0.2", "127.0.0.3"] and found["distinct_addresses"]
+    for node in nodes:
+        assert set(node["versions"]) == {"python", "numpy", "pyarrow", "pyspark", "tensorflow"}, node
+        assert node["versions"]["python"].startswith("3.11.") and node["versions"]["pyspark"].startswith("3.5.")
+        assert node["import_errors"] == {} and node["run_folder_error"] is None
+    assert found["master"].startswith("spark://127.0.0.1:") and found["yarn"] is None  # no YARN in the rehearsal
+    assert not any("/_smoke/" in key for key in rehearsed["run"])  # its probes removed
+    # The report shows it: a row per node, with its address and versions.
+    assert rehearsed["report"]["cluster_check"]["nodes"] == nodes
+    text = run_file(rehearsed, run_folder.REPORT_TEXT).decode()
+    assert "## Cluster check\n" in text and "- addresses: each training worker on a node of its own\n" in text
+    for node in nodes:
+        versions = " | ".join(node["versions"].values())
+        assert f"| {node['worker']} | {node['address']} | {versions} |" in text
 
 
 def test_the_tensorflow_workers_ran_on_two_distinct_node_addresses(rehearsed):
@@ -319,8 +339,9 @@ def check_the_failed_rehearsal(out: str, err: str, home: Path, kept: Path) -> No
     (error_file,) = kept.rglob(run_folder.error_path("tokenize"))  # the run folder, kept
     error = json.loads(error_file.read_text())["error"]
     assert "latin1.txt" in error and "UTF-8" in error
-    assert re.search(r"^  step tokenize +FAILED ", out, re.MULTILINE), out  # the only step
-    assert len(re.findall(r"^  step ", out, re.MULTILINE)) == 1, out
+    assert re.search(rf"^  step {CLUSTER_CHECK.name} +COMPLETED ", out, re.MULTILINE), out  # the cluster check
+    assert re.search(r"^  step tokenize +FAILED ", out, re.MULTILINE), out
+    assert len(re.findall(r"^  step ", out, re.MULTILINE)) == 2, out  # none after tokenize
     assert re.search(r"^EMR cluster: +j-\w+ \(.*\), TERMINATED: ", out, re.MULTILINE), out
     # spark-submit's Python driver writes to the step's stdout, its stderr merged (Spark's PythonRunner)
     assert f"    | ERROR [tokenize] {error}\n" in out  # the step's stdout.gz

@@ -42,6 +42,7 @@ from pipeline import run_folder
 from pipeline.config import REPO_ROOT
 from pipeline.config_files import load_config
 from pipeline.stages import STAGE_NAMES
+from tests.deployments import deployment_env
 from tests.e2e.browser import ARTIFACTS, chromium
 from tests.listening import free_port
 from tests.local_platform.airflow_commands import exposed_sockets, trigger
@@ -63,10 +64,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(STARTUP_TIMEOUT_S + RUN_TIME
 class AirflowUI:
     """`make airflow` running in its own process group, with the simple auth manager's login page."""
 
-    def __init__(self, home: Path, log_path: Path):
+    def __init__(self, home: Path, log_path: Path, env: dict[str, str]):
         self.home = home
         self.password = ""  # the one `make airflow` made up, read from the file it names
-        env = dict(os.environ)
+        env = dict(env)
         env.update(
             {
                 "GPT_PIPELINE_AIRFLOW_HOME": str(home),
@@ -155,9 +156,11 @@ class AirflowUI:
 
 @pytest.fixture
 def airflow_ui(tmp_path):
+    """`make airflow` deployed with its lake in tmp_path, and tmp_path/corpus (shakespeare_slice's) a corpus root."""
     ARTIFACTS.mkdir(exist_ok=True)
     home = tmp_path / "airflow_home"
-    ui = AirflowUI(home, ARTIFACTS / "ui-trigger-airflow.log")
+    deployment = {"lake": str(tmp_path / "lake"), "corpus_roots": [str(tmp_path / "corpus")]}
+    ui = AirflowUI(home, ARTIFACTS / "ui-trigger-airflow.log", deployment_env(tmp_path / "pipeline.yaml", deployment))
     try:
         ui.wait_until_ready()
         yield ui
@@ -296,7 +299,6 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
         # One setting per line, for the knobs without a field of their own.
         "overrides": "\n".join(
             [
-                f"lake={lake_dir}",
                 "embedding.word2vec.max_sentences=2000",
                 "train.warmup_steps=2",
                 "train.log_interval=6",
@@ -323,7 +325,7 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
     config = load_config()
     bucket, prefix = config.s3.bucket, f"{config.s3.prefix}/{Path(report['run_folder']).name}/"
     assert report["s3_uri"] == f"s3://{bucket}/{prefix}"
-    assert report["run_folder"].startswith(lake_dir.as_uri()), "the run folder is not in the lake set in the form"
+    assert report["run_folder"].startswith(lake_dir.as_uri()), "the run folder is not in the deployment's lake"
     assert Path(report["run_folder"]).name.startswith(f"{shakespeare_slice.stem}-"), (
         "run_name left empty: the corpus names the run"
     )
@@ -372,15 +374,15 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
 
     screenshot = save_grid_screenshot(browser, airflow_ui, run_id)
     assert screenshot.stat().st_size > 10_000
-    stop_with_a_task_running(airflow_ui, shakespeare_slice, lake_dir)
+    stop_with_a_task_running(airflow_ui, shakespeare_slice)
 
 
-def stop_with_a_task_running(ui: AirflowUI, corpus: Path, lake_dir: Path) -> None:
+def stop_with_a_task_running(ui: AirflowUI, corpus: Path) -> None:
     """Ctrl-C during a second run's stage: Airflow's scheduler would wait forever in its
     LocalExecutor's shutdown (its workers outlive it after a second Ctrl-C); the command must
     still end, and end them. Nothing of it listened beyond loopback meanwhile."""
     stages_started = ui.log_path.read_text(errors="replace").count(SPARK_STARTED)
-    trigger(ui.home, {"corpus": str(corpus), "overrides": [f"lake={lake_dir}", "train.max_steps=20"]})
+    trigger(ui.home, {"corpus": str(corpus), "overrides": ["train.max_steps=20"]})
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while ui.log_path.read_text(errors="replace").count(SPARK_STARTED) == stages_started:
         assert ui.process.poll() is None and time.monotonic() < deadline, f"no stage started:\n{ui.log_tail()}"

@@ -14,14 +14,14 @@ from include.local_spark import LOOPBACK_CONF, local_argv
 from pipeline import run_folder
 from pipeline.config import ConfigError
 from pipeline.config_files import load_config
-from pipeline.stages import STAGE_NAMES, Stage, by_name
+from pipeline.stages import CLUSTER_CHECK, EMR_STEP_NAMES, STAGE_NAMES, Stage, by_name
 from spark_jobs.training import memory
 from tests.include.emr_configs import RUN_ID, emr_config
 
 
 def test_steps_run_each_stage_with_spark_submit_on_yarn():
     config = emr_config()
-    for stage in STAGE_NAMES:
+    for stage in EMR_STEP_NAMES:
         step = emr_steps.stage_step(stage, config, RUN_ID)
         args = step["HadoopJarStep"]["Args"]
         assert step["Name"] == stage and step["HadoopJarStep"]["Jar"] == "command-runner.jar"
@@ -36,7 +36,7 @@ def test_steps_run_each_stage_with_spark_submit_on_yarn():
             run_folder.run_dir(config, RUN_ID),
         ]
         # Every core node's vCPUs (2 m5.2xlarge: 8 each), not the executors that happen to be up when a stage plans.
-        if stage != "train":  # train: one task per worker node
+        if not by_name(stage).barrier:  # train and the cluster check: one task per worker node
             assert args[args.index("spark.default.parallelism=16") - 1] == "--conf"
 
 
@@ -148,7 +148,24 @@ def test_train_step_limit_follows_the_training_budget():
     assert long_train > 10 * 3600 > short_train
 
 
-@pytest.mark.parametrize("stage", STAGE_NAMES)
+def test_the_cluster_check_asks_for_the_train_steps_executors_within_a_few_minutes():
+    """So that it places its tasks as training will, and what it finds of YARN is about them."""
+    config = emr_config("emr.core_instance_count=3", "train.num_workers=3", "data.shards=6", "train.batch_size=30")
+    check = emr_steps.stage_step(CLUSTER_CHECK.name, config, RUN_ID)["HadoopJarStep"]["Args"]
+    train = emr_steps.stage_step("train", config, RUN_ID)["HadoopJarStep"]["Args"]
+    settings = [arg for arg in train if arg.startswith("spark.") and "=" in arg]
+    assert settings and all(setting in check for setting in settings)
+    assert "spark.executor.instances=3" in check and check[-3].endswith("/spark_jobs/smoke.py")
+    # Its limit is short and no setting lengthens it; the sensor allows it as any step's.
+    for limits in (config, emr_config("train.max_steps=100000", "emr.step_timeout_minutes=120")):
+        assert emr_steps.step_limit_seconds(CLUSTER_CHECK.name, limits) == emr_steps.SHORT_STEP_SECONDS <= 5 * 60
+    assert (
+        emr_steps.sensor_limits(CLUSTER_CHECK.name, config)["timeout"]
+        < emr_steps.sensor_limits("window", config)["timeout"]
+    )
+
+
+@pytest.mark.parametrize("stage", EMR_STEP_NAMES)
 def test_a_stage_sensor_waits_for_its_step_to_start_run_out_of_time_be_killed_and_be_seen(stage):
     """The sensor's clock starts before its step runs, so it outlasts the step's own limit: a
     step out of time is seen to fail (with its reason) before the sensor gives up."""

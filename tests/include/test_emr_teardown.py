@@ -9,14 +9,12 @@ from unittest.mock import MagicMock
 
 import boto3
 import pytest
-import yaml
 from botocore.config import Config
 
 from include import emr_cluster, emr_tasks
 from local_platform.moto_s3 import REGION, LocalS3
 from pipeline.config import REPO_ROOT
-from pipeline.config_files import DEFAULT_CONFIG_PATH, read_yaml
-from pipeline.overrides import apply_overrides
+from tests.deployments import deploy
 from tests.include.emr_configs import RUN_ID, emr_config
 
 
@@ -82,10 +80,7 @@ def test_with_no_cluster_of_the_run_nothing_is_terminated(emr, request_of_run):
 
 
 def test_the_dags_terminate_cluster_is_the_teardown_that_looks_up_the_runs_tag(tmp_path, monkeypatch):
-    settings = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"target": "emr", "lake": "s3://test-lake/pipeline"})
-    path = tmp_path / "pipeline-emr.yaml"
-    path.write_text(yaml.safe_dump(settings))
-    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(path))
+    deploy(monkeypatch, tmp_path / "pipeline-emr.yaml", {"target": "emr", "lake": "s3://test-lake/pipeline"})
     dag = runpy.run_path(str(REPO_ROOT / "dags" / "gpt_pipeline.py"))["dag"]
 
     terminate_task = dag.get_task("terminate_cluster")

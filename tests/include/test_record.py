@@ -13,7 +13,7 @@ from include.report_link import report_url
 from pipeline import lake, run_folder
 from pipeline.config_files import load_config
 from pipeline.errors import PipelineError
-from pipeline.stages import STAGE_NAMES
+from pipeline.stages import CLUSTER_CHECK, STAGE_NAMES
 from tests.include.records import (
     LAKE_BUCKET,
     MODEL_FORMAT_FILES,
@@ -73,6 +73,22 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     # Stage warnings travel with the report, so that a run on EMR shows them too.
     assert report["warnings"] == [f"[window] {SHORT_FILE_WARNING}"]
     assert f"## Warnings\n\n- [window] {SHORT_FILE_WARNING}\n" in copied[run_folder.REPORT_TEXT].decode()
+    # Without the EMR target's cluster check (a local run, an older run folder), no such section.
+    assert report["cluster_check"] is None and "## Cluster check" not in text
+
+
+def test_the_report_of_an_emr_run_shows_what_its_cluster_check_found(s3, hook, tmp_path):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    run_dir = run_folder.run_dir(config, "run-checked")
+    node = {"worker": 0, "address": "10.0.1.17", "versions": {"python": "3.11.14"}, "import_errors": {}}
+    found = {"master": "yarn", "nodes": [node], "distinct_addresses": True, "yarn": None, "executor_mb": {}}
+    check = {run_folder.stats_path(CLUSTER_CHECK.name): json.dumps(found | {"duration_s": 4.2}).encode()}
+    finished_run(s3, run_dir, run_files(config.to_json()) | check)
+
+    report = collect_record(run_dir, hook, STAGE_NAMES)
+
+    assert report["cluster_check"] == found
+    assert "| 0 | 10.0.1.17 | 3.11.14 |" in record(s3, "run-checked")[run_folder.REPORT_TEXT].decode()
 
 
 def test_a_run_folder_that_cannot_take_the_report_still_gets_a_whole_record(s3, hook, tmp_path, monkeypatch, caplog):

@@ -3,24 +3,23 @@ Airflow starts, and make's CORPUS and SET reach the command as typed."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
-import yaml
 
-from local_platform import airflow_home, airflow_runner, standalone
+from local_platform import airflow_home, airflow_runner, deployment_file, run_command, standalone
+from pipeline import deployment
 from pipeline.config import REPO_ROOT
-from pipeline.config_files import DEFAULT_CONFIG_PATH, read_yaml
-from pipeline.overrides import apply_overrides
+from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
+from tests.deployments import deploy
 
 
 @pytest.mark.parametrize("command", ["run", "ui"])
 def test_target_emr_is_refused_before_airflow_starts(tmp_path, monkeypatch, capsys, command):
-    emr = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"target": "emr", "lake": "s3://gpt-pipeline/lake"})
-    (tmp_path / "emr.yaml").write_text(yaml.safe_dump(emr))
-    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(tmp_path / "emr.yaml"))
+    deploy(monkeypatch, tmp_path / "emr.yaml", {"target": "emr", "lake": "s3://gpt-pipeline/lake"})
     monkeypatch.setattr(airflow_home, "AIRFLOW_HOME", tmp_path / "home")
     assert airflow_runner.main([command]) == 2
     error = capsys.readouterr().err
@@ -28,7 +27,7 @@ def test_target_emr_is_refused_before_airflow_starts(tmp_path, monkeypatch, caps
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
 
 
-def test_settings_of_the_dag_itself_from_set_are_refused_before_airflow_starts(tmp_path, monkeypatch, capsys):
+def test_target_emr_or_a_bad_setting_from_set_is_refused_before_airflow_starts(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(airflow_home, "AIRFLOW_HOME", tmp_path / "home")
     # The lake is still file://, which the config model would refuse for emr first.
     assert airflow_runner.main(["run", "--set", "target=emr"]) == 2
@@ -39,23 +38,35 @@ def test_settings_of_the_dag_itself_from_set_are_refused_before_airflow_starts(t
     assert "ERROR invalid configuration: data.stride: Input should be greater than or equal to 1" in (
         capsys.readouterr().err
     )
-    assert airflow_runner.main(["run", "--set", "schedule=@daily"]) == 2
-    assert (
-        "ERROR schedule: '@daily' (from SET): the DAG's schedule is read from pipeline.yaml" in capsys.readouterr().err
-    )
-    assert airflow_runner.main(["run", "--set", "s3.bucket=other-bucket"]) == 2  # the model asset's URI
-    assert (
-        "ERROR s3.bucket: 'other-bucket' (from SET): the DAG's s3.bucket is read from pipeline.yaml"
-        in capsys.readouterr().err
-    )
     assert not (tmp_path / "home").exists(), "Airflow's home was touched"
+
+
+def test_make_runs_corpus_and_deployment_settings_become_the_dags_own(tmp_path, monkeypatch, shakespeare_slice):
+    """The one running `make run` is the deployer: its CORPUS and the deployment settings of its SET go
+    into the deployment's file the DAG reads, where validate_config takes them as the deployment's; the
+    run settings stay the run's, which the form and the report show as changed."""
+    started = []
+    monkeypatch.setattr(run_command, "run", lambda *args: started.append(args) or 0)
+    settings = ["schedule=@daily", "s3.bucket=other-bucket", f"lake={tmp_path / 'lake'}", "train.max_steps=5"]
+    assert (
+        airflow_runner.main(["run", "--corpus", str(shakespeare_slice), *(f"--set={item}" for item in settings)]) == 0
+    )
+    ((config, corpus, deployers, runs, _),) = started
+    assert (corpus, deployers, runs) == (str(shakespeare_slice), settings[:3], ["train.max_steps=5"])
+
+    written = deployment_file.write(tmp_path / "deployment.yaml", read_yaml(DEFAULT_CONFIG_PATH), corpus, deployers)
+    deployed = load_config(written)
+    assert (deployed.schedule, deployed.s3.bucket, deployed.lake) == ("@daily", "other-bucket", config.lake)
+    assert deployed.corpus == [shakespeare_slice.as_uri()]  # outside corpus_roots: the deployer's own corpus
+    run = load_config(written, runs)
+    deployment.check_overrides(runs, read_yaml(written), written.name)
+    deployment.check_run_settings(deployed, run, written.name)
+    assert json.loads(run.to_json()) == json.loads(config.to_json())
 
 
 @pytest.mark.parametrize("command", ["run", "ui"])
 def test_a_schedule_the_dag_could_not_parse_is_named_before_airflow_starts(tmp_path, monkeypatch, capsys, command):
-    bad = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"schedule": "every monday"})
-    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(bad))
-    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(tmp_path / "pipeline.yaml"))
+    deploy(monkeypatch, tmp_path / "pipeline.yaml", {"schedule": "every monday"})
     monkeypatch.setattr(airflow_home, "AIRFLOW_HOME", tmp_path / "home")
     assert airflow_runner.main([command]) == 2
     error = capsys.readouterr().err
@@ -85,9 +96,7 @@ def test_set_corpus_wins_over_corpus_as_in_the_dag(tmp_path, monkeypatch, capsys
 
 def test_make_airflow_starts_with_a_missing_default_corpus_and_says_so(tmp_path, monkeypatch, capsys):
     """Each run may name its corpus in the trigger form; validate_config checks the one it gets."""
-    missing = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"corpus": str(tmp_path / "not-here.txt")})
-    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(missing))
-    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(tmp_path / "pipeline.yaml"))
+    deploy(monkeypatch, tmp_path / "pipeline.yaml", {"corpus": str(tmp_path / "not-here.txt")})
     monkeypatch.setattr(airflow_home, "AIRFLOW_HOME", tmp_path / "home")
     started = []
     monkeypatch.setattr(standalone, "ui", lambda config: started.append(config.corpus) or 0)

@@ -11,7 +11,8 @@ import pytest
 from include import emr_checks, emr_cost, emr_steps, loopback_only
 from local_platform.rehearsal import rehearse
 from local_platform.rehearsal.rehearse import Rehearsal, main
-from pipeline import disk_room
+from pipeline import deployment, disk_room
+from pipeline.config_files import read_yaml
 from pipeline.errors import PipelineError
 from spark_jobs.training import memory
 
@@ -30,6 +31,18 @@ def test_the_rehearsal_runs_the_emr_target_with_its_corpus_lake_code_and_logs_on
     assert config.lake == f"s3://{bucket}/lake"
     assert config.emr.log_uri.startswith(f"s3://{bucket}/") and config.emr.code_prefix.startswith(f"s3://{bucket}/")
     assert config.train.max_steps == 100 and rehearsal.dag_config.train.max_steps != 100  # SET is the run's
+
+
+def test_the_deployment_settings_of_set_are_the_rehearsed_dags_own_and_the_rest_the_runs(shakespeare_slice, tmp_path):
+    settings = ["emr.core_instance_count=3", "local.allow_exposed_workers=true", "train.max_steps=100"]
+    made = Rehearsal([str(shakespeare_slice)], settings, home=tmp_path / "airflow")
+    try:
+        assert made.dag_config.emr.core_instance_count == 3 and made.dag_config.local.allow_exposed_workers
+        assert made.run_overrides == ["train.max_steps=100"]
+        deployment.check_overrides(made.run_overrides, read_yaml(made.defaults_path), made.defaults_path.name)
+        deployment.check_run_settings(made.dag_config, made.config, made.defaults_path.name)
+    finally:
+        shutil.rmtree(made.folder, ignore_errors=True)
 
 
 def test_the_emr_targets_checks_accept_the_rehearsals_config(rehearsal):

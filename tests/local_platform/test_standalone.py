@@ -17,6 +17,7 @@ import pytest
 
 from local_platform import airflow_home, airflow_runner, standalone
 from pipeline.config import REPO_ROOT
+from tests.deployments import deployment_env
 from tests.listening import free_port
 from tests.local_platform.airflow_commands import (
     exposed_sockets,
@@ -54,7 +55,9 @@ def test_make_airflow_stopped_by_sigterm_with_a_task_running_leaves_no_process(t
     (its workers outlive it after a second Ctrl-C): the command must still end, and end them. Ctrl-C
     is checked at the end of tests/e2e/test_ui_trigger.py, whose `make airflow` is already running."""
     home, log = tmp_path / "home", tmp_path / "make-airflow.log"
-    env = {**os.environ, "GPT_PIPELINE_AIRFLOW_HOME": str(home), "AIRFLOW__API__PORT": str(free_port())}
+    deployment = {"lake": str(home / "lake"), "corpus_roots": [str(shakespeare_slice.parent)]}
+    env = deployment_env(tmp_path / "pipeline.yaml", deployment)
+    env |= {"GPT_PIPELINE_AIRFLOW_HOME": str(home), "AIRFLOW__API__PORT": str(free_port())}
     process = subprocess.Popen(
         [sys.executable, "-m", "local_platform.airflow_runner", "ui"],
         cwd=REPO_ROOT,
@@ -65,7 +68,7 @@ def test_make_airflow_stopped_by_sigterm_with_a_task_running_leaves_no_process(t
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        trigger(home, {"corpus": str(shakespeare_slice), "overrides": [f"lake={home / 'lake'}", "train.max_steps=20"]})
+        trigger(home, {"corpus": str(shakespeare_slice), "overrides": ["train.max_steps=20"]})
         wait_for_a_running_stage(process, log)
         assert exposed_sockets(process.pid) == [], "a socket of `make airflow` listens beyond loopback"
         stop_command(process, "sigterm")

@@ -391,6 +391,7 @@ def test_the_run_folder_contract_names_the_documented_paths():
         "errors/train.json",
         "progress/train.json",
     ]
+    assert run_folder.smoke_probe_path(1) == "_smoke/node-1"  # the cluster check's probe, hidden from readers
     assert (run_folder.TOKENIZER_PATH, run_folder.TOKENS_FOLDER, run_folder.WINDOWS_FOLDER) == (
         "tokenizer/tokenizer.json",
         "tokens",

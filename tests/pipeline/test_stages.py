@@ -10,7 +10,16 @@ import pytest
 from include import record
 from pipeline import run_folder, stages
 from pipeline.config import REPO_ROOT
-from pipeline.stages import PREPROCESSING_STAGES, STAGE_NAMES, STAGES, TRAINING_STAGE, Stage
+from pipeline.stages import (
+    CLUSTER_CHECK,
+    EMR_STEP_NAMES,
+    EMR_STEPS,
+    PREPROCESSING_STAGES,
+    STAGE_NAMES,
+    STAGES,
+    TRAINING_STAGE,
+    Stage,
+)
 
 
 def test_the_stage_table_covers_the_pipeline_in_order():
@@ -20,6 +29,20 @@ def test_the_stage_table_covers_the_pipeline_in_order():
         assert stages.by_name(stage.name) is stage
         assert all(STAGE_NAMES.index(source) < position for source in stage.inputs)
         assert (REPO_ROOT / "spark_jobs" / stage.app_file).is_file()
+
+
+def test_the_emr_target_checks_its_cluster_first_and_the_local_target_never():
+    assert EMR_STEPS == (CLUSTER_CHECK, *STAGES) and EMR_STEP_NAMES == ("smoke", *STAGE_NAMES)
+    assert CLUSTER_CHECK.name not in STAGE_NAMES and stages.select() == STAGES  # not a stage of a local run
+    assert stages.by_name("smoke") is CLUSTER_CHECK and (REPO_ROOT / "spark_jobs" / CLUSTER_CHECK.app_file).is_file()
+    # It runs where training will (a barrier stage of a task per node), reads and makes nothing a stage
+    # reads, so no setting or re-run makes it, or anything after it, stale.
+    assert CLUSTER_CHECK.barrier and CLUSTER_CHECK.time_limit == "short"
+    assert CLUSTER_CHECK.inputs == CLUSTER_CHECK.settings == CLUSTER_CHECK.reads == ()
+    assert stages.downstream("smoke") == [] and not any(CLUSTER_CHECK.name in stage.inputs for stage in STAGES)
+    assert set(CLUSTER_CHECK.writes) <= RUN_FOLDER_PATHS
+    assert all(path.startswith("_") for path in CLUSTER_CHECK.writes)  # hidden from the run folder's readers
+    assert TRAINING_STAGE == "train"
 
 
 def test_an_unknown_stage_is_named_with_the_stages_there_are():
