@@ -2,7 +2,10 @@
 # Python 3.11, plus Java 17 for Spark and this project's pinned Python environment, so the DAG's
 # local target (spark-submit in local mode, multi-worker TensorFlow) runs inside the container.
 # The project's code is not copied in: docker-compose.yaml mounts dags/, pipeline/, spark_jobs/ and include/.
-FROM apache/airflow:3.3.2-python3.11
+# AIRFLOW_BASE: the image to build on; a machine that cannot pull the official image passes a
+# local image with the same user, paths and entrypoint.
+ARG AIRFLOW_BASE=apache/airflow:3.3.2-python3.11
+FROM ${AIRFLOW_BASE}
 
 USER root
 # Spark 3.5 runs on Java 17 (procps: Spark's launch scripts call ps). JAVA_HOME gets an

@@ -326,24 +326,14 @@ class PipelineConfig(_Section):
             raise ValueError("must be letters, digits, '-', '_' and '.', starting with a letter or digit")
         return value
 
-    @field_validator("corpus", mode="before")
+    @field_validator("corpus", "corpus_roots", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
 
-    @field_validator("corpus")
+    @field_validator("corpus", "corpus_roots")
     @classmethod
-    def _corpus_uris(cls, value: list[str]) -> list[str]:
-        return [to_uri(item) for item in value]
-
-    @field_validator("corpus_roots", mode="before")
-    @classmethod
-    def _one_root_or_many(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
-
-    @field_validator("corpus_roots")
-    @classmethod
-    def _root_uris(cls, value: list[str]) -> list[str]:
+    def _uris(cls, value: list[str]) -> list[str]:
         return [to_uri(item) for item in value]
 
     @field_validator("lake")

@@ -2,12 +2,15 @@
 
 The compose file is read with PyYAML (anchors and `<<` merges resolved) and `${VAR:-default}`
 interpolated with the defaults, as `docker compose` does when no variable is set. The bucket
-service's script and the admin password line of airflow-init are run for real here, against a
-moto S3 server and the simple auth manager's own password reader.
+service's script, airflow-init's admin password script and its AIRFLOW_UID check, and Airflow's
+writing of the generated config are run for real here, against a moto S3 server and the simple
+auth manager's own password reader. `make compose-test` (tests/e2e/test_compose_stack.py) runs the
+stack itself.
 """
 
 from __future__ import annotations
 
+import configparser
 import fnmatch
 import json
 import os
@@ -41,9 +44,17 @@ LOCALSTACK_TOKENLESS_IMAGE = "localstack/localstack:4.14.0"
 VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)")
 
 
-def interpolate(text: str) -> str:
-    """`${VAR:-default}` -> default, `${VAR}` -> '', `$$` -> `$`: compose with no variables set."""
-    return VARIABLE.sub(lambda match: "$" if match.group(0) == "$$" else match.group(2) or "", text)
+def interpolate(text: str, variables: dict[str, str] | None = None) -> str:
+    """`${VAR:-default}` -> default, `${VAR}` -> '', `$$` -> `$`: compose with no variables set,
+    or with `variables` set."""
+
+    def value(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1) or match.group(3)
+        return (variables or {}).get(name) or match.group(2) or ""
+
+    return VARIABLE.sub(value, text)
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +128,10 @@ def published_ports(spec: dict) -> dict[int, int]:
         host, container = interpolate(str(entry)).rsplit(":", 2)[-2:]
         ports[int(host)] = int(container)
     return ports
+
+
+def init_script(spec: dict, variables: dict[str, str] | None = None) -> str:
+    return interpolate(spec["command"][-1], variables)
 
 
 # --- services and start order -------------------------------------------------------------
@@ -216,9 +231,13 @@ def test_code_and_data_are_mounted_where_the_code_looks(services, common_env):
     assert (host_path(source) / posixpath.relpath(script, target)).is_file()
 
 
-def test_ports(services, common_env):
+def test_ports_are_published_on_loopback_only(compose, services, common_env):
     published = {name: published_ports(spec) for name, spec in services.items() if spec.get("ports")}
     assert published == {"airflow-apiserver": {8080: 8080}, "localstack": {4566: 4566}}
+    for name, spec in compose["services"].items():  # the debug profile's services too
+        for entry in spec.get("ports", []):
+            port = interpolate(str(entry)).rsplit(":", 1)[-1]
+            assert entry == f"127.0.0.1:{port}:{port}", f"{name} publishes {entry!r} beyond 127.0.0.1"
     api_port = published["airflow-apiserver"][8080]
     assert f"http://localhost:{api_port}/" in " ".join(services["airflow-apiserver"]["healthcheck"]["test"])
     execution_api = urlsplit(common_env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
@@ -264,28 +283,93 @@ def test_localstack_is_pinned_and_token_comes_from_the_environment(compose, serv
     assert "/_localstack/health" in " ".join(localstack["healthcheck"]["test"])
 
 
-def test_admin_user_written_by_init_is_the_one_the_api_server_reads(services, tmp_path):
+def admin_password(env: dict[str, str], passwords_file: Path) -> subprocess.CompletedProcess:
+    """airflow-init's password script run here, with `env` and the passwords file moved."""
+    env = {**env, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords_file), "PATH": os.environ["PATH"]}
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "docker" / "admin_password.py")], env=env, capture_output=True, text=True
+    )
+
+
+def read_passwords(path: Path) -> dict[str, str]:
     from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
 
+    with path.open() as stream:
+        return SimpleAuthManager._get_passwords(stream)
+
+
+def test_admin_password_is_generated_once_kept_private_and_read_by_the_api_server(services, tmp_path):
     init, api = services["airflow-init"], services["airflow-apiserver"]
     init_env, api_env = env_of(init), env_of(api)
     user, role = api_env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"].split(":")
     assert (user, role) == (init_env["_AIRFLOW_WWW_USER_USERNAME"], "admin")
+    assert init_env["_AIRFLOW_WWW_USER_PASSWORD"] == "", "no default password"
+    assert "python /opt/airflow/docker/admin_password.py" in init_script(init)
     passwords_file = api_env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]
     config_file = api_env["AIRFLOW_CONFIG"]
     for path in (passwords_file, config_file):
         shared = {volumes(spec).get(posixpath.dirname(path)) for spec in (init, api)}
         assert len(shared) == 1 and None not in shared, f"{path} is not on a volume shared by init and api-server"
 
-    # Run airflow-init's password line here, writing to a temporary file instead.
-    script = init["command"][-1].replace("\\\n", " ")
-    line = next(line for line in script.splitlines() if "SIMPLE_AUTH_MANAGER_PASSWORDS_FILE" in line)
     written = tmp_path / "passwords.json"
-    env = {**os.environ, **init_env, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(written)}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    subprocess.run(["bash", "-c", interpolate(line)], env=env, check=True)
-    with written.open() as stream:
-        assert SimpleAuthManager._get_passwords(stream) == {user: init_env["_AIRFLOW_WWW_USER_PASSWORD"]}
+    first = admin_password(init_env, written)
+    assert first.returncode == 0, first.stderr
+    (password,) = read_passwords(written).values()
+    assert read_passwords(written) == {user: password} and len(password) >= 20
+    assert f"Admin user {user!r}, generated password: {password}" in first.stdout
+    assert written.stat().st_mode & 0o777 == 0o600
+    again = admin_password(init_env, written)
+    assert read_passwords(written) == {user: password} and password not in again.stdout, "printed once, then kept"
+    chosen = admin_password({**init_env, "_AIRFLOW_WWW_USER_PASSWORD": "chosen-by-the-user"}, written)
+    assert read_passwords(written) == {user: "chosen-by-the-user"} and "chosen-by-the-user" not in chosen.stdout
+
+
+def test_every_component_reads_one_generated_fernet_key_kept_private(services, common_env, tmp_path):
+    """No service sets a Fernet key (an empty one would turn encryption off): Airflow generates one
+    into AIRFLOW_CONFIG, on the config volume, when airflow-init's first command finds no config."""
+    for name, spec in services.items():
+        assert "AIRFLOW__CORE__FERNET_KEY" not in env_of(spec), f"{name} sets the Fernet key"
+    for name in AIRFLOW_SERVICES:
+        assert env_of(services[name])["AIRFLOW_CONFIG"] == common_env["AIRFLOW_CONFIG"], name
+        assert volumes(services[name])[posixpath.dirname(common_env["AIRFLOW_CONFIG"])] == "airflow-config", name
+    script = init_script(services["airflow-init"])
+    assert script.index("airflow db migrate") < script.index("chown -R"), "the config is written, then handed over"
+
+    # Any airflow command but `version` writes a missing AIRFLOW_CONFIG, as `airflow db migrate` does.
+    config = tmp_path / "config" / "airflow.cfg"
+    env = {"AIRFLOW_HOME": str(tmp_path), "AIRFLOW_CONFIG": str(config), "PATH": os.environ["PATH"]}
+    argv = [sys.executable, "-m", "airflow", "config", "list", "--defaults"]
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(config)
+    assert len(parser["core"]["fernet_key"]) == 44 and parser["api_auth"]["jwt_secret"]
+    assert config.stat().st_mode & 0o777 == 0o600
+
+
+def test_init_refuses_root_for_the_airflow_services(services):
+    """The scheduler holds SYS_ADMIN in its bounding set: AIRFLOW_UID=0 would give it to the tasks."""
+    # Every command the script runs after its checks stops the script here, naming itself.
+    stubs = "".join(f"{command}() {{ echo reached {command}; exit 3; }}\n" for command in ("mkdir", "airflow", "chown"))
+    for uid, code, output in (("0", 1, "ERROR: AIRFLOW_UID=0"), ("1000", 3, "reached mkdir")):
+        script = stubs + init_script(services["airflow-init"], {"AIRFLOW_UID": uid})
+        result = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+        assert (result.returncode, output in result.stdout) == (code, True), result.stdout + result.stderr
+
+
+def test_only_the_scheduler_may_make_the_train_stages_network_namespace(compose, services):
+    """docs/network.md: the train stage runs in a private network namespace; under Docker's default
+    seccomp profile unshare(2) needs SYS_ADMIN. The scheduler (where LocalExecutor runs tasks)
+    gets it with no-new-privileges, as AIRFLOW_UID; no service is privileged or unconfined."""
+    scheduler = services["airflow-scheduler"]
+    assert scheduler["cap_add"] == ["SYS_ADMIN"]
+    assert scheduler["security_opt"] == ["no-new-privileges:true"]
+    assert interpolate(scheduler["user"]) == "50000:0"
+    for name, spec in compose["services"].items():
+        assert not spec.get("privileged") and "seccomp:unconfined" not in spec.get("security_opt", []), name
+        if name != "airflow-scheduler":
+            assert "cap_add" not in spec, f"{name} adds capabilities"
+    overrides = [entry for spec in services.values() for entry in env_of(spec).values()]
+    assert not any("allow_exposed_workers" in entry for entry in overrides), "the workers are contained, not exposed"
 
 
 def test_bucket_service_creates_the_configured_bucket(services, tmp_path):
@@ -341,10 +425,15 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 
 
 def test_image_is_official_airflow_at_the_pinned_version_for_python_3_11():
-    bases = [argument for instruction, argument in dockerfile_instructions() if instruction == "FROM"]
-    assert len(bases) == 1
-    match = re.fullmatch(r"apache/airflow:(\d+\.\d+\.\d+)-python(\d+\.\d+)", bases[0])
-    assert match, f"base image {bases[0]} is not an official versioned Airflow image"
+    """The base is a build argument (a stand-in in `make compose-test`) whose default is the official image."""
+    instructions = dockerfile_instructions()
+    bases = [argument for instruction, argument in instructions if instruction == "FROM"]
+    assert bases == ["${AIRFLOW_BASE}"]
+    assert instructions.index(("FROM", "${AIRFLOW_BASE}")) == 1 and instructions[0][0] == "ARG"
+    name, _, default = instructions[0][1].partition("=")
+    assert name == "AIRFLOW_BASE"
+    match = re.fullmatch(r"apache/airflow:(\d+\.\d+\.\d+)-python(\d+\.\d+)", default)
+    assert match, f"base image {default} is not an official versioned Airflow image"
     assert match.group(1) == pinned_requirements()["apache-airflow"]
     assert match.group(2) == "3.11" == f"{sys.version_info.major}.{sys.version_info.minor}"
     assert int(match.group(1).split(".")[0]) == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import runpy
 from datetime import datetime, timezone
 from itertools import pairwise
@@ -205,6 +206,10 @@ def test_a_run_cannot_change_a_deployment_setting(dag_module, monkeypatch, name)
     )
 
 
+# Out of the shared corpus folder, corpus_roots' default, by `..`: relative paths start at the checkout.
+DOT_DOT_ESCAPE = "../shared/data/../../../etc/passwd"
+
+
 @pytest.mark.parametrize(
     "values, message",
     [
@@ -217,7 +222,10 @@ def test_a_run_cannot_change_a_deployment_setting(dag_module, monkeypatch, name)
         ({"overrides": ["lake=s3://bucket/lake"]}, "lake: a deployment setting"),  # not the target's complaint
         ({"overrides": ["emr.core_instance_count=100"]}, "emr.core_instance_count: a deployment setting"),
         ({"corpus": "~/.aws/credentials"}, f"corpus: {Path.home().resolve().as_uri()}/.aws/credentials (resolved: "),
-        ({"overrides": ["corpus=../shared/data/../../../etc/passwd"]}, "corpus: file:///etc/passwd (resolved: "),
+        (
+            {"overrides": [f"corpus={DOT_DOT_ESCAPE}"]},
+            f"corpus: {Path(os.path.normpath(REPO_ROOT / DOT_DOT_ESCAPE)).as_uri()} (resolved: ",
+        ),
     ],
     ids=["schedule", "record prefix", "lake", "cluster size", "credentials", "dot-dot"],
 )

@@ -49,8 +49,11 @@ with locks.held(lock, "the DAG's task train", str):
 
 
 def alive(pid: int) -> bool:
+    """True until every thread of `pid` has exited: a JVM's leader thread shows as a zombie while
+    its other threads are still closing the process's files, the lock among them."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z" or len(os.listdir(f"/proc/{pid}/task")) > 1
     except OSError:
         return False
 
