@@ -20,7 +20,7 @@ override CORPUS := $(value CORPUS)
 override SET := $(value SET)
 export CORPUS SET
 
-.PHONY: help run rehearse airflow tensorboard wheelhouse check test venv browser lock clean
+.PHONY: help run rehearse airflow tensorboard wheelhouse check test venv hf-venv browser lock clean
 .DEFAULT_GOAL := help
 
 help:
@@ -33,6 +33,7 @@ help:
 	@echo "make wheelhouse the EMR nodes' Python wheels, built with pip download and uploaded to emr.code_prefix (docs/emr.md); ARGS='--no-upload ...'"
 	@echo "make clean    remove Airflow's home, the rehearsals' copies, build and test leftovers (lake/, the runs, stays)"
 	@echo "make lock     re-pin requirements.txt from requirements.in"
+	@echo "make hf-venv  .venv-hf: transformers and torch (requirements-hf.txt) for the Hugging Face export's test"
 
 $(BIN)/.installed: requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
@@ -45,6 +46,16 @@ $(BIN)/.installed: requirements.txt
 	touch $@
 
 venv: $(BIN)/.installed
+
+# transformers and torch for the test that loads the model's Hugging Face folder with them
+# (tests/spark_jobs/test_export_transformers.py, which makes it when missing); kept out of .venv.
+HF_VENV ?= .venv-hf
+$(HF_VENV)/.installed: requirements-hf.txt
+	$(PYTHON) -m venv --clear $(HF_VENV)
+	$(HF_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-hf.txt
+	touch $@
+
+hf-venv: $(HF_VENV)/.installed
 
 # The whole DAG once with `airflow dags test`, S3 on a moto server that lives as long as the command.
 run: venv

@@ -65,6 +65,8 @@ def promote_record(record_uri: str, hook) -> dict:
         "run": report["run"],
         "record": report["s3_uri"],
         "model": report["s3_uri"] + f"{run_folder.MODEL_FOLDER}/",
+        # every format the record has, by name (keras, huggingface, saved_model): none in older reports
+        "model_formats": {name: entry["uri"] for name, entry in report.get("model_formats", {}).items()},
         "final_val_loss": report["final_val_loss"],
         "val_nats_per_char": report["val_nats_per_char"],
         "collected_at": report["collected_at"],

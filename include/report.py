@@ -10,6 +10,7 @@ import json
 import re
 from datetime import datetime, timezone
 
+from include.model_formats import model_formats, model_formats_text
 from pipeline import run_folder
 from pipeline.config_files import load_config
 from pipeline.stages import CLUSTER_CHECK, changed_settings
@@ -46,6 +47,7 @@ def build_report(run, s3_uri: str, stages: tuple[str, ...]) -> dict:
         "steps": training_points(run),
         "sample": run.read(run_folder.SAMPLES_PATH).decode("utf-8"),
         "generation": {key: stats["generate"].get(key) for key in GENERATION_KEYS} if "generate" in stats else {},
+        "model_formats": model_formats(run.has, s3_uri),
         "cluster_check": cluster_check(run),
     }
 
@@ -132,6 +134,7 @@ def report_text(report: dict) -> str:
         + (emr_text(report["emr"]) if "emr" in report else "")
         + (cluster_check_text(report["cluster_check"]) if report.get("cluster_check") else "")
         + (f"## Warnings\n\n{warnings}\n\n" if warnings else "")
+        + model_formats_text(report.get("model_formats", {}))
         + f"## Sample\n\n{generation_text(report.get('generation', {}))}{code_block(report['sample'])}"
     )
 

@@ -61,6 +61,12 @@ BACKUP_PATH = f"{BACKUP_FOLDER}/state.npz"
 MODEL_FOLDER = "model"
 MODEL_FILE = "model.keras"  # in the model folder
 MODEL_TOKENIZER_FILE = "tokenizer.json"  # in the model folder
+# The same weights in formats other tools load (spark_jobs.model.export_hf, export_saved_model), in the
+# model folder; models of runs trained before they were written have neither.
+MODEL_HF_FOLDER = "hf"  # a Hugging Face GPT-2 checkpoint: transformers' AutoModelForCausalLM, AutoTokenizer
+MODEL_SAVED_MODEL_FOLDER = "saved_model"  # a TensorFlow SavedModel: tf.saved_model.load, TF Serving
+MODEL_HF_PATH = f"{MODEL_FOLDER}/{MODEL_HF_FOLDER}"
+MODEL_SAVED_MODEL_PATH = f"{MODEL_FOLDER}/{MODEL_SAVED_MODEL_FOLDER}"
 # generate's: prompt and continuation.
 SAMPLES_PATH = "samples.txt"
 # TensorBoard's event files: train's scalars (the chief's) and generate's samples (spark_jobs.training.tensorboard_log).

@@ -118,6 +118,8 @@ STAGES: tuple[Stage, ...] = (
         # checkpoints/: its backups, which an unfinished attempt resumes from, until it completes.
         writes=(
             run_folder.MODEL_FOLDER,
+            run_folder.MODEL_HF_PATH,
+            run_folder.MODEL_SAVED_MODEL_PATH,
             run_folder.EPOCHS_CSV_PATH,
             run_folder.STEPS_CSV_PATH,
             run_folder.TENSORBOARD_FOLDER,

@@ -1,7 +1,8 @@
 """Stage generate: continue the configured prompt with the trained model; writes samples.txt.
 
-Also a command line for any saved model folder (a run's model/, local path or URI), or for the
-model a latest pointer written by the DAG's promote task points at:
+Also a command line for any saved model folder (a run's model/, or its Hugging Face GPT-2 folder
+model/hf/; local path or URI), or for the model a latest pointer written by the DAG's promote task
+points at:
 
     python -m spark_jobs.generate --model-dir lake/runs/<run_id>/model --prompt "ROMEO:" --seed 3
     python -m spark_jobs.generate --latest s3://gpt-pipeline/runs/latest/tinyshakespeare.json
@@ -23,23 +24,29 @@ from pipeline.config import GenerateConfig, PipelineConfig, to_uri
 from pipeline.config_files import load_config
 from pipeline.errors import PipelineError
 from pipeline.log import printable
-from spark_jobs.model import sampler
+from spark_jobs.model import export_hf, sampler
 from spark_jobs.spark.stage_app import run_stage
 from spark_jobs.text import bpe
 from spark_jobs.training import tensorboard_log
 
 
 def load_model(model_folder: str):
-    """The Keras model and the tokenizer saved by the train stage, from a model folder's path or URI."""
+    """The Keras model and the tokenizer saved by the train stage, from a model folder's path or
+    URI, or from a Hugging Face GPT-2 folder (the model folder's hf/, spark_jobs.model.export_hf)."""
     import keras
     from tokenizers import Tokenizer
 
     import spark_jobs.model.layers  # noqa: F401  registers the decoder's layers for loading
 
     model_uri = to_uri(str(model_folder))
+    if not lake.exists(lake.join(model_uri, run_folder.MODEL_FILE)) and export_hf.is_hf_folder(model_uri):
+        return export_hf.read_hf_folder(model_uri)
     for name in (run_folder.MODEL_FILE, run_folder.MODEL_TOKENIZER_FILE):
         if not lake.exists(lake.join(model_uri, name)):
-            raise PipelineError(f"{model_uri} holds no {name}: is it a model folder written by the train stage?")
+            raise PipelineError(
+                f"{model_uri} holds no {name}: is it a model folder written by the train stage, or its "
+                f"{run_folder.MODEL_HF_FOLDER}/?"
+            )
     with tempfile.TemporaryDirectory(prefix="gpt-pipeline-model-") as local:
         model = keras.saving.load_model(
             lake.download_file(lake.join(model_uri, run_folder.MODEL_FILE), Path(local) / run_folder.MODEL_FILE)

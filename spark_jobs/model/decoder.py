@@ -3,6 +3,11 @@ blocks with MLPs and residuals, a final norm and the output projection to the vo
 the layers of spark_jobs.model.layers. Plain Keras 3 layers, so the model saves to and loads from
 the Keras format by itself.
 
+Its architecture is GPT-2's, weight for weight (spark_jobs.model.export_hf maps it): fused qkv,
+GELU's tanh approximation, LayerNorm epsilon 1e-5, and the output projection tied to the token
+table, without bias. Models saved before had their own projection ("logits", a Dense with bias)
+and the exact GELU; they load and sample as they were (output_head, DecoderBlock.from_config).
+
 The same model runs with a KV cache (CachedDecoder): the prompt once (the prefill), then one token
 at a time (the step), each position through the layers' cached calls, which reuse the keys and
 values of the positions before. Shapes are fixed, so the two are traced and XLA-compiled once per
@@ -33,7 +38,9 @@ import tensorflow as tf
 from keras import ops
 
 from pipeline import run_folder
-from spark_jobs.model.layers import INIT_STD, DecoderBlock, TokenAndPositionEmbedding, normal_initializer
+from spark_jobs.model.layers import INIT_STD, DecoderBlock, TokenAndPositionEmbedding
+
+LEGACY_HEAD = "logits"  # the output projection of models saved before it was tied to the token table
 
 
 def build_decoder(
@@ -43,13 +50,27 @@ def build_decoder(
     if dim % n_head:
         raise ValueError(f"width {dim} is not divisible by {n_head} heads")
     ids = keras.Input(shape=(None,), dtype="int32", name="ids")
-    x = TokenAndPositionEmbedding(vocab_size, block_size, dim, name="embedding")(ids)
-    x = keras.layers.Dropout(dropout)(x)
+    embedding = TokenAndPositionEmbedding(vocab_size, block_size, dim, name="embedding")
+    x = keras.layers.Dropout(dropout)(embedding(ids))
     for index in range(n_layer):
         x = DecoderBlock(dim, n_head, mlp_ratio, dropout, n_layer, name=f"block_{index}")(x)
     x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
-    logits = keras.layers.Dense(vocab_size, kernel_initializer=normal_initializer(), name="logits")(x)
-    return keras.Model(ids, logits, name="gpt_decoder")
+    return keras.Model(ids, embedding(x, reverse=True), name="gpt_decoder")
+
+
+def output_head(model: keras.Model):
+    """The model's projection from the final norm's outputs to the logits, and the vocabulary size:
+    the token table's (tied), or a model saved before, its own "logits" layer."""
+    if has_tied_head(model):
+        embedding = model.get_layer("embedding")
+        return embedding.logits, embedding.vocab_size
+    head = model.get_layer(LEGACY_HEAD)
+    return head, int(head.kernel.shape[-1])
+
+
+def has_tied_head(model: keras.Model) -> bool:
+    """Whether the model is of today's architecture (GPT-2's), not one saved before it."""
+    return LEGACY_HEAD not in [layer.name for layer in model.layers]
 
 
 def decoder_for(config, vocab_size: int | None = None, block_size: int | None = None, dropout: float | None = None):
@@ -95,9 +116,9 @@ class CachedDecoder:
     def __init__(self, model: keras.Model):
         self.embedding = model.get_layer("embedding")
         self.blocks = [layer for layer in model.layers if isinstance(layer, DecoderBlock)]
-        self.final_norm, self.head = model.get_layer("final_norm"), model.get_layer("logits")
+        self.final_norm = model.get_layer("final_norm")
+        self.head, self.vocab_size = output_head(model)
         self.block_size, self.dim = self.embedding.block_size, self.embedding.dim
-        self.vocab_size = int(self.head.kernel.shape[-1])
         self.n_head = self.blocks[0].n_head
         self.cache_shape = [len(self.blocks), None, self.block_size, 2, self.n_head, self.dim // self.n_head]
         self.prefill = tf.function(

@@ -1,7 +1,8 @@
-"""The decoder's layers: the token and position embedding, and the pre-norm causal self-attention
-block. Each has its `call`, the full pass over a window that training and the Keras model run, and
-a cached form for sampling one position at a time, which runs the same sublayers with the same
-weights (the model-level cached pass: spark_jobs.model.decoder.CachedDecoder):
+"""The decoder's layers: the token and position embedding (whose token table is also the output
+projection: GPT-2's tied head), and the pre-norm causal self-attention block. Each has its `call`,
+the full pass over a window that training and the Keras model run, and a cached form for sampling
+one position at a time, which runs the same sublayers with the same weights (the model-level cached
+pass: spark_jobs.model.decoder.CachedDecoder):
 
 - TokenAndPositionEmbedding.call_at(ids, start): the ids placed at positions start, start + 1, ...
 - DecoderBlock.call_with_cache(x, cache, index): the block on x placed at positions index, index + 1,
@@ -10,7 +11,8 @@ weights (the model-level cached pass: spark_jobs.model.decoder.CachedDecoder):
 
 Saved models name these classes and their config keys (registered under package "gpt_pipeline"):
 renaming either, or a sublayer attribute (its weights are saved under that name), would stop the
-models saved before from loading: add methods, as the cached forms are.
+models saved before from loading: add methods, as the cached forms are, and give a new config key a
+from_config default that keeps the older models' behaviour (DecoderBlock's `gelu`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import keras
 from keras import ops
 
 INIT_STD = 0.02
+GELUS = ("tanh", "exact")
 
 
 def normal_initializer(std: float = INIT_STD) -> keras.initializers.Initializer:
@@ -29,7 +32,8 @@ def normal_initializer(std: float = INIT_STD) -> keras.initializers.Initializer:
 
 @keras.saving.register_keras_serializable(package="gpt_pipeline")
 class TokenAndPositionEmbedding(keras.layers.Layer):
-    """ids [B, t] -> token vectors + position vectors [B, t, D] for t <= block_size."""
+    """ids [B, t] -> token vectors + position vectors [B, t, D] for t <= block_size; called with
+    reverse=True, vectors [B, t, D] -> logits [B, t, vocab_size] over the same token table (no bias)."""
 
     def __init__(self, vocab_size: int, block_size: int, dim: int, **kwargs):
         super().__init__(**kwargs)
@@ -43,9 +47,15 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             name="positions", shape=(self.block_size, self.dim), initializer=normal_initializer()
         )
 
-    def call(self, ids):
-        length = ops.shape(ids)[1]
-        return ops.take(self.tokens, ids, axis=0) + self.positions[:length]
+    def call(self, inputs, reverse=False):
+        if reverse:
+            return self.logits(inputs)
+        length = ops.shape(inputs)[1]
+        return ops.take(self.tokens, inputs, axis=0) + self.positions[:length]
+
+    def logits(self, x):
+        """x [B, t, D] -> x @ tokens^T [B, t, vocab_size]: the output projection tied to the token table."""
+        return ops.matmul(x, ops.transpose(self.tokens))
 
     def call_at(self, ids, start):
         """ids [B, t] at positions start..start + t - 1 -> [B, t, D]. The positions are read with a
@@ -60,20 +70,27 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 @keras.saving.register_keras_serializable(package="gpt_pipeline")
 class DecoderBlock(keras.layers.Layer):
     """x + attention(norm(x)), then x + mlp(norm(x)); attention is causal, heads of width dim / n_head.
+    The MLP's GELU is `gelu`: "tanh", GPT-2's approximation, or "exact" (erf), that of models saved
+    before it was GPT-2's, which load with it.
 
     The cache of one block: float32 [B, block_size, 2, n_head, head_dim], the keys ([:, :, 0]) and
     values ([:, :, 1]) of each position, laid out as the qkv projection reshapes them."""
 
-    def __init__(self, dim: int, n_head: int, mlp_ratio: int, dropout: float, n_layer: int, **kwargs):
+    def __init__(
+        self, dim: int, n_head: int, mlp_ratio: int, dropout: float, n_layer: int, gelu: str = "tanh", **kwargs
+    ):
         super().__init__(**kwargs)
+        if gelu not in GELUS:
+            raise ValueError(f"gelu {gelu!r}: one of {', '.join(GELUS)}")
         self.dim, self.n_head, self.mlp_ratio, self.dropout, self.n_layer = dim, n_head, mlp_ratio, dropout, n_layer
+        self.gelu = gelu
         # As in GPT-2: residual projections start smaller the deeper the network.
         residual_init = normal_initializer(INIT_STD / math.sqrt(2 * n_layer))
         self.attention_norm = keras.layers.LayerNormalization(epsilon=1e-5)
         self.qkv = keras.layers.Dense(3 * dim, kernel_initializer=normal_initializer())
         self.attention_out = keras.layers.Dense(dim, kernel_initializer=residual_init)
         self.mlp_norm = keras.layers.LayerNormalization(epsilon=1e-5)
-        self.mlp_in = keras.layers.Dense(mlp_ratio * dim, activation="gelu", kernel_initializer=normal_initializer())
+        self.mlp_in = keras.layers.Dense(mlp_ratio * dim, kernel_initializer=normal_initializer())
         self.mlp_out = keras.layers.Dense(dim, kernel_initializer=residual_init)
         self.residual_dropout = keras.layers.Dropout(dropout)
 
@@ -121,7 +138,8 @@ class DecoderBlock(keras.layers.Layer):
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         merged = ops.reshape(attended, (batch, length, self.dim))
         x = x + self.residual_dropout(self.attention_out(merged), training=training)
-        return x + self.residual_dropout(self.mlp_out(self.mlp_in(self.mlp_norm(x))), training=training)
+        hidden = ops.gelu(self.mlp_in(self.mlp_norm(x)), approximate=self.gelu == "tanh")
+        return x + self.residual_dropout(self.mlp_out(hidden), training=training)
 
     def get_config(self):
         return {
@@ -131,4 +149,10 @@ class DecoderBlock(keras.layers.Layer):
             "mlp_ratio": self.mlp_ratio,
             "dropout": self.dropout,
             "n_layer": self.n_layer,
+            "gelu": self.gelu,
         }
+
+    @classmethod
+    def from_config(cls, config):
+        # A config without the key is a model's saved before the GELU became GPT-2's: it keeps its own.
+        return cls(**{"gelu": "exact", **config})

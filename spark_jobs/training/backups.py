@@ -1,4 +1,4 @@
-"""Training-state backups in the run folder (for resuming) and the saved model.
+"""Training-state backups in the run folder (for resuming) and the saved model, in its formats.
 
 A backup is one .npz with the model's variables (its weights and its dropout layers' random
 state) and the optimizer's, the step and the stats rows
@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import lake, run_folder, stages
+from pipeline.config import GenerateConfig
 
 
 class Ignored(Exception):
@@ -119,15 +120,31 @@ def differences(meta: dict, settings: dict) -> str:
     return "other settings: " + ", ".join(f"{path} {old!r} -> {new!r}" for path, (old, new) in changed.items())
 
 
-def save_model(run: str, model, tokenizer_json: bytes, is_chief: bool) -> None:
+def save_model(run: str, model, tokenizer_json: bytes, generate: GenerateConfig, is_chief: bool) -> None:
     """Every worker saves (saving may involve collective ops under a multi-worker strategy);
-    only the chief's copy goes to model/, the others' temporary copies are removed."""
+    only the chief's copy goes to model/, with the other formats, and the others' temporary copies
+    are removed."""
     local = Path(tempfile.mkdtemp(prefix="gpt-pipeline-model-"))
     try:
         model.save(local / run_folder.MODEL_FILE)
         (local / run_folder.MODEL_TOKENIZER_FILE).write_bytes(tokenizer_json)
         if is_chief:
+            write_exports(local, tokenizer_json.decode(), generate)
             lake.delete(lake.join(run, run_folder.MODEL_FOLDER))
             lake.upload_dir(local, lake.join(run, run_folder.MODEL_FOLDER))
     finally:
         shutil.rmtree(local, ignore_errors=True)
+
+
+def write_exports(model_folder: Path, tokenizer_json: str, generate: GenerateConfig) -> None:
+    """The saved model as a Hugging Face GPT-2 folder and a TensorFlow SavedModel beside it, made
+    from the model.keras just saved: loaded again, its variables are plain ones, not the
+    distribution strategy's, whatever the training ran under."""
+    import keras
+
+    from spark_jobs.model.export_hf import write_hf_folder
+    from spark_jobs.model.export_saved_model import write_saved_model
+
+    saved = keras.saving.load_model(model_folder / run_folder.MODEL_FILE)
+    write_hf_folder(saved, tokenizer_json, generate, model_folder / run_folder.MODEL_HF_FOLDER)
+    write_saved_model(saved, model_folder / run_folder.MODEL_SAVED_MODEL_FOLDER)

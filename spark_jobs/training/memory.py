@@ -46,7 +46,7 @@ def parameters(config: PipelineConfig, vocab_size: int | None = None) -> int:
     dim, mlp = config.embedding.dim, config.model.mlp_ratio
     block = (4 + 2 * mlp) * dim * dim + (9 + mlp) * dim  # attention, MLP and two norms
     embeddings = (vocab + config.data.block_size) * dim
-    return embeddings + config.model.n_layer * block + 2 * dim + dim * vocab + vocab
+    return embeddings + config.model.n_layer * block + 2 * dim  # the output projection is the token table
 
 
 def activation_copies(mlp_ratio: int) -> float:

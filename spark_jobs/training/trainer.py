@@ -351,7 +351,7 @@ class Worker:
 
     def save(self) -> None:
         tokenizer = lake.read_bytes(lake.join(self.run, run_folder.TOKENIZER_PATH))
-        backups.save_model(self.run, self.model, tokenizer, self.is_chief)
+        backups.save_model(self.run, self.model, tokenizer, self.config.generate, self.is_chief)
         if self.board:
             self.board.events.close()
 

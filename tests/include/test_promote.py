@@ -154,3 +154,20 @@ def test_promote_refuses_a_record_collect_has_not_finished(s3, hook, tmp_path):
     with pytest.raises(PipelineError, match=r"has no report.json: collect did not finish"):
         promote_record(report["s3_uri"], hook)
     assert "Contents" not in s3.client().list_objects_v2(Bucket=RECORD_BUCKET, Prefix="runs/latest/poems")
+
+
+def test_the_pointer_names_each_format_of_the_model_and_of_an_older_run_the_keras_one(s3, hook, tmp_path):
+    run = collected_run(s3, hook, tmp_path, "formats-1", 0.9)
+    promote_record(run["s3_uri"], hook)
+    model = run["s3_uri"] + f"{run_folder.MODEL_FOLDER}/"
+    assert latest(s3)["model_formats"] == {
+        "keras": model,
+        "huggingface": f"{model}hf/",
+        "saved_model": f"{model}saved_model/",
+    }
+    config = s3.client().get_object(Bucket=RECORD_BUCKET, Key=f"runs/formats-1/{run_folder.MODEL_HF_PATH}/config.json")
+    assert config["Body"].read() == b'{"model_type": "gpt2"}'
+
+    older = collected_run(s3, hook, tmp_path, "formats-2", 0.9, model_formats=False)
+    promote_record(older["s3_uri"], hook)
+    assert latest(s3)["model_formats"] == {"keras": older["s3_uri"] + f"{run_folder.MODEL_FOLDER}/"}

@@ -17,6 +17,7 @@ from pipeline.errors import PipelineError
 from pipeline.stages import CLUSTER_CHECK, STAGE_NAMES
 from tests.include.records import (
     LAKE_BUCKET,
+    MODEL_FORMAT_FILES,
     RECORD_BUCKET,
     SHORT_FILE_WARNING,
     finished_run,
@@ -185,3 +186,26 @@ def test_the_run_report_link_opens_report_html_on_an_s3_endpoint_of_its_own(s3, 
     with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=30) as response:  # loopback
         assert response.headers["Content-Type"] == "text/html; charset=utf-8"
         assert response.read() == record(s3, "linked")[run_folder.REPORT_HTML]
+
+
+@pytest.mark.parametrize("model_formats", [True, False])  # False: a run trained before the other formats
+def test_the_record_holds_the_models_formats_and_the_report_says_how_to_load_each(s3, hook, tmp_path, model_formats):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    run_dir = run_folder.run_dir(config, f"formats-{model_formats}")
+    finished_run(s3, run_dir, run_files(config.to_json(), model_formats=model_formats))
+
+    report = collect_record(run_dir, hook, STAGE_NAMES)
+
+    copied = record(s3, run_dir.rsplit("/", 1)[1])
+    assert all(copied.get(path) == data for path, data in MODEL_FORMAT_FILES.items()) == model_formats
+    model = f"{report['s3_uri']}{run_folder.MODEL_FOLDER}/"
+    expected = {"keras": model}
+    if model_formats:
+        expected |= {"huggingface": f"{model}hf/", "saved_model": f"{model}saved_model/"}
+    assert {name: entry["uri"] for name, entry in report["model_formats"].items()} == expected
+    text, html = copied[run_folder.REPORT_TEXT].decode(), copied[run_folder.REPORT_HTML].decode()
+    for name, entry in report["model_formats"].items():
+        assert f"- {name}: {entry['uri']}\n  `{entry['load']}`\n" in text
+        assert f"<code>{entry['uri']}</code>" in html
+    assert ("AutoModelForCausalLM.from_pretrained" in text) == model_formats
+    assert ("tf.saved_model.load" in text) == model_formats

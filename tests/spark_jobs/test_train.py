@@ -27,6 +27,7 @@ from pipeline import lake, run_folder
 from pipeline.config import REPO_ROOT
 from pipeline.config_files import load_config
 from spark_jobs.generate import load_model
+from spark_jobs.model import export_hf
 from spark_jobs.training import memory, tensorboard_log
 from spark_jobs.training.train_stats import EPOCH_COLUMNS
 from spark_jobs.training.trainer import build_optimizer
@@ -134,10 +135,12 @@ def test_two_workers_train_one_model_listening_on_loopback_only_and_generation_r
     peak = max(float(row["process_memory_max_mb"]) for row in rows)
     assert 0.8 <= memory.worker_peak_mb(config, vocab)["total"] / peak <= 1.3, peak
 
-    assert sorted(lake.list_files(lake.join(run, run_folder.MODEL_FOLDER))) == [
-        lake.join(run, run_folder.MODEL_FOLDER, run_folder.MODEL_FILE),
-        lake.join(run, run_folder.MODEL_FOLDER, run_folder.MODEL_TOKENIZER_FILE),
-    ]
+    model_folder = lake.join(run, run_folder.MODEL_FOLDER)
+    saved = {uri.removeprefix(model_folder + "/") for uri in lake.list_files(model_folder)}
+    hf = {f"{run_folder.MODEL_HF_FOLDER}/{name}" for name in export_hf.FILES}
+    saved_model = {name for name in saved if name.startswith(run_folder.MODEL_SAVED_MODEL_FOLDER + "/")}
+    assert saved - saved_model == {run_folder.MODEL_FILE, run_folder.MODEL_TOKENIZER_FILE, *hf}
+    assert f"{run_folder.MODEL_SAVED_MODEL_FOLDER}/saved_model.pb" in saved_model
     assert not lake.exists(lake.join(run, run_folder.BACKUP_FOLDER)), "backups are removed once the stage is complete"
     check_tensorboard_log(run, rows, [float(schedule(step - 1)) for step in LOG_STEPS])
 

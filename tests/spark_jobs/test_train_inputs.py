@@ -313,7 +313,7 @@ def test_a_backup_taken_with_other_settings_is_ignored_naming_them(tmp_path, sha
         backups.load_backup(run, model, optimizer, identity(slower))
     assert str(ignored.value) == (
         f"ignoring the training backup {run}/checkpoints/state.npz (step 20): it was taken with other settings: "
-        "train.learning_rate 0.002 -> 0.001; training starts from step 0"
+        f"train.learning_rate {config.train.learning_rate} -> 0.001; training starts from step 0"
     )
 
 
