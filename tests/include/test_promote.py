@@ -72,8 +72,9 @@ def retrain(run_dir: str, nats_per_char: float) -> None:
     """The run folder as the run trained again leaves it: a model of other files and bytes, and its
     validation nats/char."""
     model = lake.join(run_dir, run_folder.MODEL_FOLDER)
+    for uri in lake.list_files(model):
+        lake.delete(uri)
     lake.write_bytes(lake.join(model, run_folder.MODEL_FILE), b"retrained")
-    lake.delete(lake.join(model, run_folder.MODEL_TOKENIZER_FILE))
     lake.write_bytes(lake.join(model, "weights.h5"), b"a new file")
     train = lake.read_json(run_folder.stats_uri(run_dir, "train")) | {"final_val_nats_per_char": nats_per_char}
     lake.write_json(run_folder.stats_uri(run_dir, "train"), train)
