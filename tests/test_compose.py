@@ -4,8 +4,7 @@ The compose file is read with PyYAML (anchors and `<<` merges resolved) and `${V
 interpolated with the defaults, as `docker compose` does when no variable is set. The bucket
 service's script, airflow-init's admin password script and its AIRFLOW_UID check, and Airflow's
 writing of the generated config are run for real here, against a moto S3 server and the simple
-auth manager's own password reader. `make compose-test` (tests/e2e/test_compose_stack.py) runs the
-stack itself.
+auth manager's own password reader.
 """
 
 from __future__ import annotations
@@ -425,7 +424,8 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 
 
 def test_image_is_official_airflow_at_the_pinned_version_for_python_3_11():
-    """The base is a build argument (a stand-in in `make compose-test`) whose default is the official image."""
+    """The base is a build argument (a local image where the official one cannot be pulled) whose
+    default is the official image."""
     instructions = dockerfile_instructions()
     bases = [argument for instruction, argument in instructions if instruction == "FROM"]
     assert bases == ["${AIRFLOW_BASE}"]
