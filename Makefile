@@ -42,7 +42,7 @@ $(BIN)/.installed: requirements.txt
 	# --clear: a changed requirements.txt gets a new environment holding exactly its pins, so a
 	# package dropped or renamed (tensorflow -> tensorflow-cpu) does not linger beside its successor.
 	$(PYTHON) -m venv --clear $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PYTHON) -m local_platform.venv_install $(VENV) requirements.txt
 	touch $@
 
 venv: $(BIN)/.installed
@@ -52,7 +52,7 @@ venv: $(BIN)/.installed
 HF_VENV ?= .venv-hf
 $(HF_VENV)/.installed: requirements-hf.txt
 	$(PYTHON) -m venv --clear $(HF_VENV)
-	$(HF_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-hf.txt
+	$(PYTHON) -m local_platform.venv_install $(HF_VENV) requirements-hf.txt
 	touch $@
 
 hf-venv: $(HF_VENV)/.installed
