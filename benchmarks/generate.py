@@ -15,8 +15,10 @@ ms per step (one token for each sample), ms per token (and the process's CPU tim
 other processes on the machine sway less), characters per second. Then where the time of a
 step goes: the compiled step alone, a full-window prefill alone, and the matmul FLOPs of a token.
 
-Reference on the same 2 cores: nanoGPT's sample.py, CPU shakespeare_char model, ~1.5 ms per character
-(~667 chars/s); the goal is 4x that, ~2,700 chars/s, about 1.1 ms per BPE token at ~2.9 chars per token.
+The `x nanoGPT` columns divide by a dated reference, not measured here: nanoGPT's sample.py with
+its CPU shakespeare_char model (`python sample.py --out_dir=out-shakespeare-char --device=cpu`),
+~1.5 ms per character (~667 chars/s) on 2 cores, recorded by 2026-11-25 (docs/generation.md); the goal
+is 4x that, ~2,700 chars/s, about 1.1 ms per BPE token at ~2.9 chars per token.
 """
 
 from __future__ import annotations
