@@ -71,8 +71,10 @@ SECTIONS = {
 }
 OTHER_SECTION = "other"
 
-# JSON Schema types of a config field's type; a number may be written without a decimal point.
-_JSON_TYPES = {bool: "boolean", int: "integer", float: ["number", "integer"], str: "string"}
+# JSON Schema types of a config field's type; a number may be written without a decimal point (JSON
+# Schema's number takes integers). Not ["number", "integer"]: Airflow 3.3 shows a field of two types
+# as a text box that turns a decimal being typed, 0.0 of 0.004, into 0.
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
 # Each bound a schema field may have (Field(ge=1) holds Ge(ge=1)): its attribute, its JSON Schema keyword.
 _BOUNDS = {Ge: ("ge", "minimum"), Gt: ("gt", "exclusiveMinimum"), Le: ("le", "maximum"), Lt: ("lt", "exclusiveMaximum")}
 

@@ -112,3 +112,9 @@ def test_the_form_has_four_sections_and_one_for_the_overrides():
     sections = {name: param.schema["section"] for name, param in form().items()}
     assert set(sections.values()) == {"data", "model", "training", "generation", "other"}
     assert [name for name, section in sections.items() if section == "other"] == [trigger_form.OVERRIDES]
+
+
+def test_a_decimal_field_takes_a_whole_number():
+    params = form()
+    params["top_p"] = 1  # as an API call's conf may send it
+    assert params["top_p"] == 1 and params.get_param("top_p").schema["type"] == "number"
