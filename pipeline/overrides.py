@@ -13,6 +13,7 @@ from typing import Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.errors import cut, shown
@@ -109,15 +110,21 @@ def setting(data: dict, name: str) -> Any:
     )
 
 
-def field_annotation(path: list[str]) -> Any:
-    """The type of the setting at path (["train", "learning_rate"] -> float), None for no such setting."""
+def field_info(path: list[str]) -> FieldInfo | None:
+    """The schema's field of the setting at path (["train", "learning_rate"]): its type and
+    constraints; None for no such setting."""
     section: type[BaseModel] = PipelineConfig
     for part in path[:-1]:
         field = section.model_fields.get(part)
         if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
             return None
         section = field.annotation
-    field = section.model_fields.get(path[-1])
+    return section.model_fields.get(path[-1])
+
+
+def field_annotation(path: list[str]) -> Any:
+    """The type of the setting at path (["train", "learning_rate"] -> float), None for no such setting."""
+    field = field_info(path)
     return None if field is None else field.annotation
 
 

@@ -2,10 +2,10 @@
 
 Starts Airflow with the documented UI command (`make airflow`: `airflow standalone` and a moto S3
 server) with the login page on, then drives headless Chromium (Debian's `chromium` and
-`chromium-driver` through Selenium) to log in, open gpt_pipeline, change Params in the trigger form
-and trigger it. The REST API is only read: to follow the run and to fetch the collect task's
-report. The run's record is checked on the moto server, and a screenshot of the finished run's
-grid view goes to test-artifacts/.
+`chromium-driver` through Selenium) to log in, open gpt_pipeline, see the trigger form refuse
+values out of their config fields' ranges, change Params in it and trigger it. The REST API is
+only read: to follow the run and to fetch the collect task's report. The run's record is checked
+on the moto server, and a screenshot of the finished run's grid view goes to test-artifacts/.
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ RUN_TIMEOUT_S = 900
 API_TIMEOUT_S = 30
 TYPING_BURST = 16  # characters
 MAX_STEPS = 12  # the training budget set in the form (the default is 1500)
+SECTIONS = ["data", "model", "training", "generation", "other"]  # the form's, in order
+# train.learning_rate: gt=0, which Airflow's form does not show: the trigger is refused.
+REFUSED_LEARNING_RATE = "Invalid input for param learning_rate: -1 is less than or equal to the minimum of 0"
 SPARK_STARTED = "Running Spark version"  # a stage's first line in the task log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(STARTUP_TIMEOUT_S + RUN_TIMEOUT_S + 120)]
@@ -211,9 +214,27 @@ def open_trigger_form(driver: WebDriver, ui: AirflowUI) -> WebElement:
     return wait.until(visible(By.CSS_SELECTOR, "[role=dialog][aria-modal=true]"))
 
 
+def form_field(form: WebElement, name: str) -> WebElement:
+    """A Param's field in the form, which names it element_{param}."""
+    return form.find_element(By.CSS_SELECTOR, f'[id="element_{name}"], [id="number-input:element_{name}"] input')
+
+
+def section_names(form: WebElement) -> list[str]:
+    return [button.text for button in form.find_elements(By.CSS_SELECTOR, "button[data-part=item-trigger]")]
+
+
+def unfold_section_of(driver: WebDriver, field: WebElement) -> None:
+    """Airflow opens the form with its sections folded, and unfolds one at a time."""
+    if not field.is_displayed():
+        section = field.find_element(By.XPATH, "./ancestor::*[@data-scope='accordion' and @data-part='item'][1]")
+        section.find_element(By.CSS_SELECTOR, "button[data-part=item-trigger]").click()
+        WebDriverWait(driver, 10).until(lambda _: field.is_displayed(), "the field's section did not unfold")
+
+
 def set_param(driver: WebDriver, form: WebElement, name: str, value) -> None:
-    """Replace a Param's value in the form, typing as a user would (the form names fields element_{param})."""
-    field = form.find_element(By.CSS_SELECTOR, f'[id="element_{name}"], [id="number-input:element_{name}"] input')
+    """Replace a Param's value in the form, typing as a user would."""
+    field = form_field(form, name)
+    unfold_section_of(driver, field)
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", field)
     field.send_keys(Keys.CONTROL, "a")
     field.send_keys(Keys.DELETE)
@@ -226,6 +247,20 @@ def set_param(driver: WebDriver, form: WebElement, name: str, value) -> None:
             lambda _, typed=text[:end]: field.get_attribute("value") == typed,
             f"the form's {name} field does not show what was typed: {text[:end]!r}",
         )
+
+
+def see_values_out_of_range_refused(driver: WebDriver, form: WebElement, ui: AirflowUI) -> None:
+    """A number field pulls a value typed past its minimum back to it as it loses focus
+    (train.max_steps: ge=1); a value past a bound it does not show is refused by Airflow's Param
+    validation as the form is sent, which names the Param and starts no run."""
+    set_param(driver, form, "max_steps", 0)
+    set_param(driver, form, "learning_rate", -1)
+    assert form_field(form, "max_steps").get_attribute("value") == "1"
+    form.find_element(By.CSS_SELECTOR, "[data-testid=trigger-dag-submit]").click()
+    WebDriverWait(driver, 30).until(
+        lambda _: REFUSED_LEARNING_RATE in form.text, f"the form does not show {REFUSED_LEARNING_RATE!r}"
+    )
+    assert ui.get(f"/api/v2/dags/{DAG_ID}/dagRuns")["dag_runs"] == []
 
 
 def wait_for_run(ui: AirflowUI) -> dict:
@@ -287,6 +322,8 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
     lake_dir = tmp_path / "lake"
     log_in(browser, airflow_ui)
     form = open_trigger_form(browser, airflow_ui)
+    assert section_names(form)[: len(SECTIONS)] == SECTIONS
+    see_values_out_of_range_refused(browser, form, airflow_ui)
     form_values = {
         "corpus": shakespeare_slice,
         "vocab_size": 512,
@@ -295,6 +332,7 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
         "embedding_dim": 32,
         "max_steps": MAX_STEPS,
         "eval_interval": 6,
+        "learning_rate": load_config().train.learning_rate,  # the default again
         "max_new_tokens": 20,
         # One setting per line, for the knobs without a field of their own.
         "overrides": "\n".join(
