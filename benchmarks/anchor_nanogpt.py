@@ -78,6 +78,12 @@ def matmul_peak_gflops(size: int = 2048, repeats: int = 3, products: int = 10) -
     return 2 * size**3 * products / best / 1e9
 
 
+def check_nanogpt(nanogpt: Path) -> None:
+    missing = [name for name in NANOGPT_FILES if not (nanogpt / name).is_file()]
+    if missing:
+        raise SystemExit(f"--nanogpt {nanogpt} is not a nanoGPT checkout: it lacks {', '.join(missing)}")
+
+
 def prepare_nanogpt(nanogpt: Path, corpus: Path, work: Path) -> Path:
     """nanoGPT's files and its shakespeare_char data (as data/shakespeare_char/prepare.py makes it)."""
     for name in NANOGPT_FILES:
@@ -161,6 +167,7 @@ def main() -> None:
     parser.add_argument("--lake", default=str(Path(tempfile.gettempdir()) / "gpt-pipeline-anchor"))
     add_set_argument(parser)
     args = parser.parse_args()
+    check_nanogpt(args.nanogpt)
     print(
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
         f"load average {os.getloadavg()[0]:.2f}"

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pickle
 
 import numpy as np
+import pytest
 
-from benchmarks.anchor_nanogpt import NANOGPT_FILES, first_at_or_below, prepare_nanogpt
+from benchmarks.anchor_nanogpt import NANOGPT_FILES, check_nanogpt, first_at_or_below, prepare_nanogpt
 
 
 def test_nanogpt_trains_on_the_first_90_percent_and_validates_on_the_rest(shakespeare, tmp_path):
@@ -41,3 +42,9 @@ def test_a_crossing_is_the_first_evaluation_at_or_below_with_the_training_time_u
     assert first_at_or_below(rows, 1.886) == (50, 15.0)
     assert first_at_or_below(rows, 1.60) == (100, 25.0)
     assert first_at_or_below(rows, 1.5) is None
+
+
+def test_a_folder_that_is_not_a_nanogpt_checkout_is_named_with_what_it_lacks(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    with pytest.raises(SystemExit, match=r"not a nanoGPT checkout: it lacks model.py, configurator.py, config/"):
+        check_nanogpt(tmp_path)
