@@ -20,10 +20,11 @@ bootstrap (within `emr.startup_timeout_minutes`), `smoke` checks the nodes (thei
 the training workers' addresses, YARN's largest container, S3) before the first stage, `terminate_cluster` runs
 whatever happened after `create_cluster`, and a failed step still fails the run; should
 `create_cluster` itself fail, `end_orphaned_clusters` ends whatever cluster carries the run's tag.
+With `alerts.sns_topic_arn` set, a task that fails, a teardown included, sends a message to that SNS topic.
 
 Defaults come from include/config/pipeline.yaml (`target` chooses the branch); the trigger form
 changes them for one run. The tasks, the trigger form and the settings a run cannot change:
-`docs/dag.md`; the cluster, its steps and its cost: `docs/emr.md`.
+`docs/dag.md`; the cluster, its steps and its cost: `docs/emr.md`; the alerts: `docs/tracking.md`.
 """
 
 from __future__ import annotations
@@ -44,7 +45,18 @@ from airflow.sdk import (
 )
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from include import emr_checks, emr_cluster, emr_cost, emr_steps, emr_tasks, local_spark, locks, preflight, trigger_form
+from include import (
+    alerts,
+    emr_checks,
+    emr_cluster,
+    emr_cost,
+    emr_steps,
+    emr_tasks,
+    local_spark,
+    locks,
+    preflight,
+    trigger_form,
+)
 from include.airflow_names import DAG_ID, model_asset_name
 from include.emr_tasks import (
     EmrClusterReadySensor,
@@ -178,7 +190,6 @@ def run_local_stage(stage: str, run_dir: str) -> dict:
 def collect(run_dir: str, cluster_id: str | None = None) -> dict:
     """Copy config, stats, model and samples to S3 and write the run report (on EMR with the
     cluster's steps and cost so far); the task's "Run report" link leads to its report.html."""
-    from airflow.providers.amazon.aws.hooks.emr import EmrHook
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     s3 = S3Hook(aws_conn_id=AWS_CONN_ID)
@@ -186,8 +197,7 @@ def collect(run_dir: str, cluster_id: str | None = None) -> dict:
     extra = {}
     if cluster_id:
         config = run_folder.read_config(run_dir, StoredRun(run_dir, s3).read)
-        client = EmrHook(aws_conn_id=config.emr.aws_conn_id, region_name=config.emr.region).conn
-        extra["emr"] = emr_cost.cluster_record(client, cluster_id, config)
+        extra["emr"] = emr_cost.cluster_record(emr_tasks.emr_client(config), cluster_id, config)
     report = collect_record(run_dir, s3, STAGE_NAMES, extra)
     log.info(
         "record: %s  final val loss: %s  val nats/char: %s",
@@ -248,6 +258,8 @@ with DAG(
         "retries": 1,
         "retry_delay": timedelta(minutes=1),
         "execution_timeout": timedelta(hours=4),
+        # Every task's, the teardowns' too: a message to alerts.sns_topic_arn once its last try has failed.
+        "on_failure_callback": alerts.failure_callbacks(CONFIG),
     },
     tags=["gpt-pipeline", "spark", "tensorflow", f"target-{CONFIG.target}"],
 ) as dag:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 
+from airflow.providers.amazon.aws.hooks.emr import EmrHook
 from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 from airflow.providers.amazon.aws.operators.emr import EmrCreateJobFlowOperator, EmrTerminateJobFlowOperator
 from airflow.providers.amazon.aws.sensors.emr import EmrJobFlowSensor, EmrStepSensor
@@ -68,6 +69,11 @@ def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> 
     wheelhouse.ensure(config, s3.get_conn())
     emr_code.upload_run(config, run_id, s3.get_conn())
     return {"run_dir": run_folder.run_dir(config, run_id), "job_flow_overrides": request, **steps}
+
+
+def emr_client(config: PipelineConfig):
+    """boto3's EMR client through the deployment's connection and region (emr.aws_conn_id, emr.region)."""
+    return EmrHook(aws_conn_id=config.emr.aws_conn_id, region_name=config.emr.region).conn
 
 
 def ended_cluster(cluster: dict) -> str:

@@ -3,7 +3,7 @@
 The console gets a line as each task starts and one as it ends (its state and seconds), the
 training progress (once per change: a sensor logs it at each poke), the stages' WARNING and ERROR
 lines, the warnings and errors Airflow's tasks log, and why a task failed: the exception its
-traceback ends with (tracebacks.py), which a failed run's last line repeats. Airflow's, Spark's
+traceback ends with (include/tracebacks.py), which a failed run's last line repeats. Airflow's, Spark's
 and TensorFlow's other output (a few hundred lines, many of them several hundred characters wide)
 goes only to the log, whose path is printed first. Verbose: every line on the console too. The
 console gets each line printable (pipeline.log.printable): a stage's output (a generated sample)
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 from include.airflow_names import DAG_ID
-from local_platform.tracebacks import final_exception
+from include.tracebacks import final_exception
 from pipeline.errors import cut
 from pipeline.log import printable
 

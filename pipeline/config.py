@@ -282,6 +282,31 @@ class EmrConfig(_Section):
         return math.ceil((self.poke_interval_seconds + 300) / 60)
 
 
+# A standard topic's ARN (a FIFO topic, ….fifo, takes only messages of a group), in any partition (aws, aws-cn, ...).
+SNS_TOPIC_ARN = re.compile(r"^arn:aws(-[a-z]+)*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}$")
+
+
+class AlertsConfig(_Section):
+    """Where a failed task of a run is reported (include/alerts.py); no alert without a topic."""
+
+    sns_topic_arn: str | None = None
+    aws_conn_id: str = Field(default="aws_default", min_length=1)
+
+    @field_validator("sns_topic_arn")
+    @classmethod
+    def _standard_topic_arn(cls, value: str | None) -> str | None:
+        if value is not None and not SNS_TOPIC_ARN.match(value):
+            raise ValueError(
+                f"{shown(value)} is not the ARN of a standard SNS topic: "
+                "arn:aws:sns:<region>:<account id>:<topic name> (null: no alert)"
+            )
+        return value
+
+    def topic_region(self) -> str:
+        """The region the topic is in, from its ARN: SNS takes a publish only there."""
+        return self.sns_topic_arn.split(":")[3]
+
+
 # Who may change a setting: a field marked DEPLOYMENT (a section as a unit) is set only by the
 # deployment's config file; every other one a run may change (pipeline/deployment.py).
 WHO = "who"
@@ -308,6 +333,7 @@ class PipelineConfig(_Section):
     generate: GenerateConfig
     local: LocalConfig = Field(default=LocalConfig(), json_schema_extra=DEPLOYMENT)
     emr: EmrConfig = Field(json_schema_extra=DEPLOYMENT)
+    alerts: AlertsConfig = Field(default=AlertsConfig(), json_schema_extra=DEPLOYMENT)
 
     @model_validator(mode="before")
     @classmethod

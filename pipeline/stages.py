@@ -26,8 +26,8 @@ from pipeline import run_folder
 class Stage:
     """One stage: `app_file` in spark_jobs/; `inputs`, the stages whose outputs it reads;
     `settings`, config paths (a section stands for all its keys) whose value its outputs depend
-    on, besides its inputs. The rest (run_name, target, lake, s3, schedule, local, emr) changes where and
-    how a run goes, not what it makes.
+    on, besides its inputs. The rest (run_name, target, lake, s3, schedule, local, emr, alerts) changes
+    where and how a run goes, not what it makes.
 
     `reads` and `writes`: the files and folders of the run folder (pipeline.run_folder's paths) it
     reads from its inputs' outputs and makes, besides what every stage has: config.json, which it

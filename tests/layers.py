@@ -38,7 +38,7 @@ HEAVY = tuple(MARKERS)
 PARTS = ("check", "rest")
 LEFT_OUT = pytest.StashKey[int]()  # how many collected tests --part left out
 # A test using one of these fixtures gets the marker without saying so.
-MARKED_BY_FIXTURE = {"airflow_db": "airflow"}  # tests/dags/test_dag_emr.py: a reset Airflow database
+MARKED_BY_FIXTURE = {"airflow_db": "airflow"}  # tests/dags/conftest.py: a reset Airflow database
 JVM_TRACES = Path(tempfile.mkdtemp(prefix="gpt-pipeline-test-jvms-"))
 JVM_TRACE_OPTION = f"-Xlog:gc:file={JVM_TRACES}/jvm-%p.log"
 

@@ -34,7 +34,8 @@ from moto.emr.models import emr_backends
 from moto.emr.responses import ElasticMapReduceResponse
 from moto.server import ThreadedMotoServer
 
-from include import emr_cluster, emr_code, emr_steps, emr_tasks, wheelhouse
+from include import emr_cluster, emr_code, emr_cost, emr_steps, emr_tasks, wheelhouse
+from include.alerts import FailureAlert
 from include.spark_submit import package_code
 from pipeline import lake, run_folder
 from pipeline.config import REPO_ROOT
@@ -43,6 +44,7 @@ from pipeline.deployment import deployment_settings
 from pipeline.errors import PipelineError
 from pipeline.stages import CLUSTER_CHECK, EMR_STEP_NAMES, STAGE_NAMES
 from spark_jobs.spark import stage_app
+from tests.alert_topic import AlertTopic
 from tests.deployments import amend_deployment, deploy
 
 REGION = "us-east-1"
@@ -90,25 +92,6 @@ def moto_endpoint():
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def airflow_db():
-    from airflow.configuration import conf
-    from airflow.utils.db import resetdb
-
-    resetdb()
-    bundles = [
-        {
-            "name": "emr-test-dags",
-            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {"path": str(DAG_FILE.parent), "refresh_interval": 0},
-        }
-    ]
-    previous = conf.get("dag_processor", "dag_bundle_config_list")
-    conf.set("dag_processor", "dag_bundle_config_list", json.dumps(bundles))
-    yield
-    conf.set("dag_processor", "dag_bundle_config_list", previous)
 
 
 @pytest.fixture
@@ -593,16 +576,37 @@ def test_a_cluster_that_ended_between_steps_fails_the_next_stage_at_once_before_
     assert step_states(aws) == [(CLUSTER_CHECK.name, "COMPLETED"), ("tokenize", "COMPLETED")]
 
 
-def test_a_cluster_that_could_not_be_terminated_fails_the_run(airflow_db, aws, monkeypatch):
+def test_a_cluster_that_could_not_be_terminated_fails_the_run_and_alerts_with_the_cluster_and_its_cost(
+    airflow_db, aws, emr_defaults, moto_endpoint, monkeypatch
+):
     def refused(self):
         raise ValidationException("User is not authorized to perform elasticmapreduce:TerminateJobFlows")
 
+    topic = AlertTopic(moto_endpoint)
+    amend_deployment(emr_defaults, {"alerts": {"sns_topic_arn": topic.arn}})
     monkeypatch.setattr(ElasticMapReduceResponse, "terminate_job_flows", refused)
     dag_run, states, finished = run_dag(aws)
 
     assert finished == list(EMR_STEP_NAMES) and states["promote"] == "success"
     assert states["terminate_cluster"] == "failed" and dag_run.state == "failed"  # someone must see the cluster is up
+    cluster_id = only_cluster(aws)["Id"]
     assert only_cluster(aws)["Status"]["State"] != "TERMINATED"
+    # and is told: the teardown's alert, with the report collect wrote and the cluster's cost so far
+    (alert,) = topic.received()
+    assert alert["Subject"] == "gpt_pipeline: teardown terminate_cluster failed"
+    message = alert["Message"]
+    assert f"\nrun:    {dag_run.run_id}\n" in message and "\ntask:   terminate_cluster\n" in message
+    assert re.search(
+        r"\nerror:  ClientError: .*User is not authorized to perform elasticmapreduce:TerminateJobFlows\n", message
+    )
+    config = load_config(emr_defaults)
+    record = f"s3://{BUCKET}/{config.s3.prefix}/{run_folder.safe_run_id(f'{config.run_name}-{dag_run.run_id}')}/"
+    assert f"\nreport: {record}{run_folder.REPORT_HTML}\n" in message
+    basis = re.escape(emr_cost.price_basis(config))
+    assert re.search(
+        rf"\nEMR cluster: {cluster_id}, about \$\d+\.\d\d so far \(\d+\.\d\d hours at {basis}\)\n", message
+    )
+    assert f"aws emr terminate-clusters --cluster-ids {cluster_id}`" in message
 
 
 def test_a_step_out_of_time_fails_its_task_without_a_retry(airflow_db, aws, capfd):
@@ -909,3 +913,13 @@ def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr
     assert dag.get_task("tokenize").upstream_task_ids == {"validate_config", "create_cluster", CLUSTER_CHECK.name}
     terminate = dag.get_task("terminate_cluster")
     assert terminate.is_teardown and terminate.upstream_task_ids == {"validate_config", "create_cluster", "collect"}
+
+
+def test_with_an_alert_topic_every_task_alerts_on_failure_the_teardowns_too(emr_defaults):
+    amend_deployment(emr_defaults, {"alerts": {"sns_topic_arn": "arn:aws:sns:us-east-1:123456789012:alerts"}})
+    dag = runpy.run_path(str(DAG_FILE))["dag"]
+
+    assert {"terminate_cluster", "end_orphaned_clusters"} <= set(dag.task_ids)
+    for task in dag.tasks:
+        (callback,) = task.on_failure_callback
+        assert isinstance(callback, FailureAlert), task.task_id

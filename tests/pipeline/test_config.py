@@ -63,6 +63,28 @@ def test_odd_values_get_one_line_naming_the_field_not_a_traceback(override, mess
 
 
 @pytest.mark.parametrize(
+    "arn",
+    [
+        "gpt-pipeline-alerts",
+        "arn:aws:sqs:us-east-1:123456789012:gpt-pipeline-alerts",
+        "arn:aws:sns:us-east-1:123456789012:gpt-pipeline-alerts.fifo",
+    ],
+    ids=["name", "queue", "fifo"],
+)
+def test_an_alert_topic_must_be_a_standard_sns_topics_arn(arn):
+    with pytest.raises(
+        ConfigError, match=r"^invalid configuration: alerts.sns_topic_arn: .* is not the ARN of a standard SNS topic"
+    ):
+        load_config(overrides=[{"alerts": {"sns_topic_arn": arn}}])
+
+
+def test_an_alert_topics_region_is_its_arns_and_none_is_set_by_default():
+    assert load_config().alerts.sns_topic_arn is None
+    arn = "arn:aws-us-gov:sns:us-gov-west-1:123456789012:gpt-pipeline-alerts"
+    assert load_config(overrides=[{"alerts": {"sns_topic_arn": arn}}]).alerts.topic_region() == "us-gov-west-1"
+
+
+@pytest.mark.parametrize(
     "override",
     [
         "tokenizer.train_sample_mb=.inf",

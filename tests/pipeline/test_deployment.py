@@ -26,13 +26,19 @@ def test_every_setting_is_of_one_kind_the_deployment_ones_marked_in_the_schema()
         "schedule",
         "local",
         "emr",
+        "alerts",
     ]
     for name in config_names():
         section = name.split(".")[0]
         assert deployment.is_deployment_setting(name) != (section in RUN_SECTIONS), name
-    assert {"emr.region", "emr.max_cost_usd", "emr.tags", "s3.bucket", "local.allow_exposed_workers"} <= set(
-        deployment.deployment_settings()
-    )
+    assert {
+        "emr.region",
+        "emr.max_cost_usd",
+        "emr.tags",
+        "s3.bucket",
+        "local.allow_exposed_workers",
+        "alerts.sns_topic_arn",
+    } <= set(deployment.deployment_settings())
 
 
 def test_the_default_corpus_roots_are_the_default_corpuss_folder():

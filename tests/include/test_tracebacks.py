@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from local_platform.tracebacks import final_exception
+import traceback
+
+import pytest
+
+from include.tracebacks import exception_line, final_exception
+from pipeline.config import ConfigError
 
 CHAINED = """Traceback (most recent call last):
   File "/srv/gpt-pipeline/dags/gpt_pipeline.py", line 158, in run_local_stage
@@ -51,3 +56,27 @@ def test_an_exception_without_a_message_is_its_name():
 def test_no_traceback_no_reason():
     assert final_exception([]) is None
     assert final_exception(["Traceback (most recent call last):", '  File "a.py", line 1, in f']) is None
+
+
+def raised(error: BaseException, cause: BaseException | None = None) -> BaseException:
+    """`error` as raised (from `cause`), with its traceback."""
+    try:
+        raise error from cause
+    except BaseException as caught:
+        return caught
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        raised(ConfigError("data.stride: 0")),
+        raised(RuntimeError("stage tokenize failed"), cause=raised(ValueError("the corpus is empty"))),
+        raised(ValueError("two problems:\ndata.stride: 0")),
+        raised(KeyboardInterrupt()),
+    ],
+    ids=["project", "chained", "several-lines", "no-message"],
+)
+def test_an_exceptions_own_line_is_the_one_its_printed_traceback_ends_with(error):
+    """What a failure callback gets (the exception) gives the line the task's log gives `make run`."""
+    printed = "".join(traceback.format_exception(error)).splitlines()
+    assert exception_line(error) == final_exception(printed)

@@ -1,9 +1,11 @@
 """The exception a Python traceback ends with, as a failed Airflow task's log prints it: why the
-task failed, in one line (`ConfigError: data.stride: …`)."""
+task failed, in one line (`ConfigError: data.stride: …`). `make run`'s console reads it from the
+task's log (local_platform/console.py), the failure alert from the exception itself (include/alerts.py)."""
 
 from __future__ import annotations
 
 import re
+import traceback
 from collections.abc import Iterable
 
 # Lines between the exceptions of a chain; frames, code and carets are indented.
@@ -39,3 +41,8 @@ def final_exception(lines: Iterable[str]) -> str | None:
     if found.group("name") in WRAPPERS and message:
         return message
     return f"{found.group('name')}: {message}" if message else found.group("name")
+
+
+def exception_line(error: BaseException) -> str:
+    """final_exception's line of an exception object, as its traceback would end."""
+    return final_exception("".join(traceback.format_exception_only(error)).splitlines()) or type(error).__name__
