@@ -100,12 +100,14 @@ def last_run_states(home) -> tuple[str, str, dict[str, str]]:
 def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, tmp_path):
     """Through Airflow once; the messages of each refusal are unit-tested (tests/dags/test_dag.py,
     tests/include/test_preflight.py, tests/spark_jobs/test_memory.py), and a bad corpus goes through
-    `make run` (tests/local_platform/test_run_command.py)."""
+    `make run` (tests/local_platform/test_run_command.py). The value breaks a rule between fields,
+    which the form itself cannot check (a value out of its field's range is refused at trigger,
+    tests/include/test_trigger_form.py)."""
     env, _, home = local_airflow
     deployed = deployment_env(tmp_path / "pipeline.yaml", {"lake": str(tmp_path / "lake")}, env)
-    code, output = dags_test(deployed, {"stride": 0})
+    code, output = dags_test(deployed, {"block_size": 32, "stride": 64})
     assert code != 0
-    assert "invalid configuration: data.stride: Input should be greater than or equal to 1 (got 0)" in output
+    assert "invalid configuration: data.stride (64) must not exceed data.block_size (32)" in output
     _, state, tasks = last_run_states(home)
     assert state == "failed"
     assert tasks["validate_config"] == "failed"
