@@ -20,7 +20,7 @@ override CORPUS := $(value CORPUS)
 override SET := $(value SET)
 export CORPUS SET
 
-.PHONY: help run rehearse airflow tensorboard wheelhouse check test venv hf-venv browser lock clean
+.PHONY: help run rehearse airflow mlflow tensorboard wheelhouse check test venv hf-venv browser lock clean
 .DEFAULT_GOAL := help
 
 help:
@@ -29,6 +29,7 @@ help:
 	@echo "make check    ruff, then the tests that start no Spark, TensorFlow, Airflow or pip: minutes (docs/testing.md); ARGS='tests/... -k ...'"
 	@echo "make test     the test suite: make check, then the rest (Spark, TensorFlow, Airflow, pip, end to end)"
 	@echo "make airflow  Airflow with its UI on http://127.0.0.1:8080, to trigger and watch runs"
+	@echo "make mlflow   MLflow's UI on http://127.0.0.1:5000: every local run, the registered models (docs/tracking.md)"
 	@echo "make tensorboard  TensorBoard on http://127.0.0.1:6006 for every run in lake/runs, or RUN=lake/runs/<run id>"
 	@echo "make wheelhouse the EMR nodes' Python wheels, built with pip download and uploaded to emr.code_prefix (docs/emr.md); ARGS='--no-upload ...'"
 	@echo "make clean    remove Airflow's home, the rehearsals' copies, build and test leftovers (lake/, the runs, stays)"
@@ -68,6 +69,10 @@ rehearse: venv
 # Airflow standalone (UI on http://127.0.0.1:8080) with the DAG and a moto S3 server; Ctrl-C stops it.
 airflow: venv
 	$(BIN)/python -m local_platform.airflow_runner ui
+
+# MLflow's server on 127.0.0.1:5000 over the local runs' store, mlflow/ (SQLite and artifacts); Ctrl-C stops it.
+mlflow: venv
+	$(BIN)/python -m local_platform.mlflow_local
 
 # TensorBoard over the runs' tensorboard/ folders (docs/training.md#tensorboard); Ctrl-C stops it.
 tensorboard: venv

@@ -21,10 +21,12 @@ the training workers' addresses, YARN's largest container, S3) before the first 
 whatever happened after `create_cluster`, and a failed step still fails the run; should
 `create_cluster` itself fail, `end_orphaned_clusters` ends whatever cluster carries the run's tag.
 With `alerts.sns_topic_arn` set, a task that fails, a teardown included, sends a message to that SNS topic.
+With an MLflow tracking URI in the Airflow variable `tracking.uri_variable` names, `collect` logs the run
+to MLflow and `promote` registers the promoted model, alias `champion`.
 
 Defaults come from include/config/pipeline.yaml (`target` chooses the branch); the trigger form
 changes them for one run. The tasks, the trigger form and the settings a run cannot change:
-`docs/dag.md`; the cluster, its steps and its cost: `docs/emr.md`; the alerts: `docs/tracking.md`.
+`docs/dag.md`; the cluster, its steps and its cost: `docs/emr.md`; MLflow and the alerts: `docs/tracking.md`.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from include import (
     local_spark,
     locks,
     preflight,
+    tracking,
     trigger_form,
 )
 from include.airflow_names import DAG_ID, model_asset_name
@@ -189,7 +192,8 @@ def run_local_stage(stage: str, run_dir: str) -> dict:
 
 def collect(run_dir: str, cluster_id: str | None = None) -> dict:
     """Copy config, stats, model and samples to S3 and write the run report (on EMR with the
-    cluster's steps and cost so far); the task's "Run report" link leads to its report.html."""
+    cluster's steps and cost so far), then log the run to MLflow; the task's "Run report" link
+    leads to its report.html."""
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     s3 = S3Hook(aws_conn_id=AWS_CONN_ID)
@@ -206,8 +210,10 @@ def collect(run_dir: str, cluster_id: str | None = None) -> dict:
         report["val_nats_per_char"],
     )
     log.info("report: %s%s (the task's link Run report opens it)", report["s3_uri"], run_folder.REPORT_HTML)
-    get_current_context()["ti"].xcom_push(key=REPORT_URL_KEY, value=report_url(report["s3_uri"], s3))
-    return report
+    context = get_current_context()
+    context["ti"].xcom_push(key=REPORT_URL_KEY, value=report_url(report["s3_uri"], s3))
+    airflow_run = {"dag_id": DAG_ID, "run_id": context["run_id"]}
+    return report | {"mlflow": tracking.track_collected_run(CONFIG, report, s3, airflow_run)}
 
 
 def collect_task(run_dir, cluster_id=None) -> XComArg:
@@ -219,8 +225,9 @@ def collect_task(run_dir, cluster_id=None) -> XComArg:
 
 @task(outlets=[MODEL_ASSET])
 def promote(report: dict) -> dict:
-    """Point latest/{run_name}.json at this run's model and update the model asset; skipped, with
-    no asset event, when s3.promote is if_better and the model latest points at is better."""
+    """Point latest/{run_name}.json at this run's model and update the model asset, then make the
+    model the champion of the run name's registered model in MLflow; skipped, with no asset event,
+    when s3.promote is if_better and the model latest points at is better."""
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     decision = promote_record(report["s3_uri"], S3Hook(aws_conn_id=AWS_CONN_ID))
@@ -229,7 +236,7 @@ def promote(report: dict) -> dict:
         raise AirflowSkipException(f"{decision['latest']} still points at {kept}: {decision['reason']}")
     log.info("%s now points at %s: %s", decision["latest"], decision["pointer"]["model"], decision["reason"])
     get_current_context()["outlet_events"][MODEL_ASSET].extra = decision
-    return decision
+    return decision | {"mlflow": tracking.register_promoted_model(CONFIG, report, decision)}
 
 
 @task

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from include.airflow_names import DAG_ID
-from local_platform import airflow_home, console, deployment_file
+from local_platform import airflow_home, console, deployment_file, mlflow_local
 from local_platform.airflow_command import Stopped
 from local_platform.dag_test import dags_test, latest_pointer, read_report, run_folders
 from local_platform.moto_s3 import LocalS3
@@ -32,7 +32,9 @@ def run(
         console.teed(log, airflow_home.task_state(home), verbose) as output,
     ):
         deployment = deployment_file.write(home / DEPLOYMENT_FILE, read_yaml(defaults_path()), corpus, deployers)
+        tracking_uri = mlflow_local.tracking_uri()
         env = airflow_home.prepare(home, s3, output) | {"GPT_PIPELINE_CONFIG": str(deployment)}
+        env |= mlflow_local.tracking_env(config, tracking_uri)
         before = run_folders(config)
         try:
             succeeded = dags_test(env, {"overrides": runs}, output)
@@ -44,5 +46,6 @@ def run(
         if not succeeded:
             console.print_failure(log, output, "run")
             return 1
-        print_report(read_report(s3, config), *latest_pointer(s3, config), before - run_folders(config))
+        removed = before - run_folders(config)
+        print_report(read_report(s3, config), *latest_pointer(s3, config), removed, mlflow_local.describe(tracking_uri))
     return 0

@@ -13,7 +13,7 @@ from contextlib import closing
 from pathlib import Path
 
 from include.airflow_names import DAG_ID
-from local_platform import airflow_home
+from local_platform import airflow_home, mlflow_local
 from local_platform.airflow_command import Stopped, run_stoppable
 from local_platform.moto_s3 import LocalS3
 from pipeline.config import PipelineConfig
@@ -41,7 +41,8 @@ def ui(config: PipelineConfig) -> int:
     with airflow_home.exclusive_home(home, "make airflow"):
         check_port_free(host, port)
         with LocalS3(buckets=(config.s3.bucket,)) as s3:
-            env = airflow_home.prepare(home, s3)
+            tracking_uri = mlflow_local.tracking_uri()
+            env = airflow_home.prepare(home, s3) | mlflow_local.tracking_env(config, tracking_uri)
             env["AIRFLOW__API__HOST"], env["AIRFLOW__API__PORT"] = host, port
             api = f"http://{host}:{port}"
             env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{api}/execution/"
@@ -49,6 +50,7 @@ def ui(config: PipelineConfig) -> int:
             env["PATH"] = os.pathsep.join([str(components_without_log_servers(home)), env["PATH"]])
             print(f"Airflow UI: {api} (DAG {DAG_ID}); S3 (moto): {s3.endpoint_url}; Ctrl-C stops both", flush=True)
             print(f"log in as {ADMIN}, password in {passwords} (readable by you alone)", flush=True)
+            print(mlflow_local.describe(tracking_uri), flush=True)
             return serve(env)
 
 

@@ -307,6 +307,14 @@ class AlertsConfig(_Section):
         return self.sns_topic_arn.split(":")[3]
 
 
+class TrackingConfig(_Section):
+    """Where runs are tracked and promoted models registered, in MLflow (include/tracking.py)."""
+
+    uri_variable: str = Field(default="mlflow_tracking_uri", min_length=1)  # the Airflow variable holding the URI
+    experiment: str = Field(default="gpt-pipeline", min_length=1, max_length=500)
+    register_models: bool = True
+
+
 # Who may change a setting: a field marked DEPLOYMENT (a section as a unit) is set only by the
 # deployment's config file; every other one a run may change (pipeline/deployment.py).
 WHO = "who"
@@ -334,6 +342,7 @@ class PipelineConfig(_Section):
     local: LocalConfig = Field(default=LocalConfig(), json_schema_extra=DEPLOYMENT)
     emr: EmrConfig = Field(json_schema_extra=DEPLOYMENT)
     alerts: AlertsConfig = Field(default=AlertsConfig(), json_schema_extra=DEPLOYMENT)
+    tracking: TrackingConfig = Field(default=TrackingConfig(), json_schema_extra=DEPLOYMENT)
 
     @model_validator(mode="before")
     @classmethod

@@ -22,8 +22,16 @@ from local_platform.moto_s3 import MACHINE_AWS_SETTINGS  # noqa: E402
 
 # No test reads this machine's pipeline or AWS settings, or reaches AWS: a client that no test
 # pointed at its moto server gets made-up keys and an endpoint where nothing listens.
-for name in ("GPT_PIPELINE_CONFIG", "GPT_PIPELINE_AIRFLOW_HOME", *MACHINE_AWS_SETTINGS):
+for name in (
+    "GPT_PIPELINE_CONFIG",
+    "GPT_PIPELINE_AIRFLOW_HOME",
+    "AIRFLOW_VAR_MLFLOW_TRACKING_URI",
+    *MACHINE_AWS_SETTINGS,
+):
     os.environ.pop(name, None)
+# The local commands a test starts track their runs in a store of the session's, never the checkout's
+# mlflow/ or a `make mlflow` server of the machine's.
+os.environ["GPT_PIPELINE_MLFLOW_URI"] = f"sqlite:///{AIRFLOW_HOME}/mlflow/mlflow.db"
 os.environ.update(
     {
         "AWS_ACCESS_KEY_ID": "testing",

@@ -27,7 +27,7 @@ import boto3
 from botocore.config import Config
 
 from include import emr_checks, emr_code, emr_cost, loopback_only, wheelhouse
-from local_platform import airflow_home, console, deployment_file
+from local_platform import airflow_home, console, deployment_file, mlflow_local
 from local_platform.airflow_command import Stopped
 from local_platform.command_settings import add_settings_arguments, add_verbose_argument, settings
 from local_platform.dag_test import dags_test, latest_pointer, read_report
@@ -97,6 +97,7 @@ class Rehearsal:
         self.s3: LocalS3 | None = None
         self.runner: EmrRehearsalRunner | None = None
         self.env: dict[str, str] = {}
+        self.tracking_uri = mlflow_local.tracking_uri()
 
     def __enter__(self) -> Rehearsal:
         self.held = ExitStack()  # the home, then the log
@@ -116,6 +117,7 @@ class Rehearsal:
             self.env = airflow_home.prepare(self.home, self.s3, self.output) | {
                 "GPT_PIPELINE_CONFIG": str(self.defaults_path)
             }
+            self.env |= mlflow_local.tracking_env(self.dag_config, self.tracking_uri)
         except BaseException:
             self.__exit__()
             raise
@@ -244,7 +246,8 @@ def rehearse(
             report = read_report(rehearsal.s3, rehearsal.config)
             if kept is not None:  # the server's run folder ends with the command
                 report["run_folder"] = kept_path(kept, report["run_folder"]).as_uri()
-            print_report(report, *latest_pointer(rehearsal.s3, rehearsal.config))
+            pointer = latest_pointer(rehearsal.s3, rehearsal.config)
+            print_report(report, *pointer, tracking=mlflow_local.describe(rehearsal.tracking_uri))
         if kept is not None:
             print(f"\n{'kept:':<18}{kept} (the moto server's s3://bucket/key as bucket/key, but the corpus)")
         print_cluster(rehearsal)

@@ -362,9 +362,12 @@ def zip_members(data: bytes) -> dict[str, bytes]:
 
 
 def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminates(
-    airflow_db, aws, run_job_flow_requests, starting_clusters, capfd, tmp_path
+    airflow_db, aws, run_job_flow_requests, starting_clusters, capfd, tmp_path, monkeypatch
 ):
-    """The cluster starts as EMR's do (STARTING for a few seconds) and train runs for a few pokes."""
+    """The cluster starts as EMR's do (STARTING for a few seconds) and train runs for a few pokes;
+    collect logs the run to MLflow (a SQLite store), and promote registers its model."""
+    mlflow_store = f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
+    monkeypatch.setenv("AIRFLOW_VAR_MLFLOW_TRACKING_URI", mlflow_store)
     dag_run, states, finished = run_dag(aws, start_s=3, slow_train=True)
     config = load_config(overrides=OVERRIDES)
     run_id = run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}")
@@ -447,6 +450,16 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     assert pointer["model"] == report["s3_uri"] + f"{run_folder.MODEL_FOLDER}/" and pointer["run"] == run_id
     ((asset_uri, extra),) = asset_events(dag_run)
     assert asset_uri == f"s3://{BUCKET}/{config.s3.prefix}/latest" and extra["pointer"] == pointer
+    # The run in MLflow, logged on Airflow's side, and its model the run name's champion.
+    from mlflow import MlflowClient
+
+    mlflow = MlflowClient(mlflow_store)
+    (tracked,) = mlflow.search_runs([mlflow.get_experiment_by_name("gpt-pipeline").experiment_id])
+    assert tracked.data.tags["gpt_pipeline.target"] == "emr" and tracked.data.tags["airflow.run_id"] == dag_run.run_id
+    assert tracked.data.tags["gpt_pipeline.record"] == report["s3_uri"]
+    assert tracked.data.metrics["final_val_nats_per_char"] == TRAIN_STATS["final_val_nats_per_char"]
+    assert "emr.core_instance_count" not in tracked.data.params and tracked.data.params["train.max_steps"] == "300"
+    assert mlflow.get_model_version_by_alias(config.run_name, "champion").run_id == tracked.info.run_id
 
 
 def test_an_error_in_the_thread_playing_the_cluster_ends_the_run_and_fails_the_test(airflow_db, aws, monkeypatch):

@@ -22,7 +22,7 @@ from selenium.webdriver.common.by import By
 
 from include.airflow_names import DAG_ID
 from include.report_link import REPORT_URL_KEY, RunReportLink
-from local_platform import airflow_home, airflow_runner, run_command
+from local_platform import airflow_home, airflow_runner, mlflow_local, run_command
 from local_platform.airflow_home import AIRFLOW, prepare
 from local_platform.moto_s3 import LocalS3
 from pipeline import lake, run_folder
@@ -124,6 +124,7 @@ def collected_run(local_airflow, tmp_path_factory, shakespeare):
     _, s3, home = local_airflow
     tmp_path = tmp_path_factory.mktemp("collected-run")
     corpus = write_slice(tmp_path, shakespeare)
+    mlflow_store = f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
     older = tmp_path / "lake" / run_folder.RUNS_FOLDER / "e2e-older"
     (older / run_folder.MODEL_FOLDER).mkdir(parents=True)
     (older / run_folder.REPORT_JSON).write_text(
@@ -135,6 +136,7 @@ def collected_run(local_airflow, tmp_path_factory, shakespeare):
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         patch.setattr(airflow_home, "AIRFLOW_HOME", home)
         patch.setattr(run_command, "LocalS3", lambda buckets: contextlib.nullcontext(s3))
+        patch.setenv(mlflow_local.URI_SETTING, mlflow_store)
         code = airflow_runner.main(["run", "--corpus", str(corpus), *(f"--set={item}" for item in settings)])
     (log,) = sorted((home / "logs").glob("run-*.log"))[-1:]
     run_id, state, tasks = last_run_states(home)
@@ -162,6 +164,7 @@ def collected_run(local_airflow, tmp_path_factory, shakespeare):
             load_config(overrides=[{"lake": str(tmp_path / "lake")}]), run_folder.safe_run_id(f"e2e-{run_id}")
         ),
         s3_endpoint=s3.endpoint_url,
+        mlflow_store=mlflow_store,
     )
 
 
@@ -381,6 +384,28 @@ def test_make_run_prints_where_the_outputs_are_on_a_quiet_console(collected_run)
     assert f"generated sample:\n{report['sample']}" in out
     assert list((collected_run.home / "tmp").iterdir()) == [], "the command's temporary files went with it"
     check_the_quiet_console(out, collected_run.home)
+
+
+@pytest.mark.slow
+def test_make_run_tracks_the_run_in_mlflow_and_registers_its_model_as_champion(collected_run):
+    from mlflow import MlflowClient
+
+    mlflow = MlflowClient(collected_run.mlflow_store)
+    (run,) = mlflow.search_runs([mlflow.get_experiment_by_name("gpt-pipeline").experiment_id])
+    report = json.loads(collected_run.read(run_folder.REPORT_JSON))
+    assert run.info.status == "FINISHED" and run.info.run_name == report["run"]
+    assert run.data.tags["airflow.run_id"] == collected_run.run_id and run.data.tags["gpt_pipeline.target"] == "local"
+    assert run.data.tags["gpt_pipeline.record"] == report["s3_uri"]
+    assert run.data.params["train.max_steps"] == "40" and run.data.params["corpus"] == str(report["corpus"])
+    assert run.data.metrics["final_val_nats_per_char"] == report["val_nats_per_char"]
+    evaluations = mlflow.get_metric_history(run.info.run_id, "val_loss")
+    assert [point.step for point in evaluations] == [row["step"] for row in report["evaluations"]]
+    artifacts = [item.path for item in mlflow.list_artifacts(run.info.run_id, "model")]
+    assert "model/model.safetensors" in artifacts and "model/config.json" in artifacts
+    champion = mlflow.get_model_version_by_alias("e2e", "champion")
+    assert champion.run_id == run.info.run_id
+    assert f"MLflow:           {collected_run.mlflow_store} (`make mlflow` shows it" not in collected_run.out
+    assert f"MLflow:           {collected_run.mlflow_store}\n" in collected_run.out
 
 
 def check_the_quiet_console(out: str, home: Path) -> None:

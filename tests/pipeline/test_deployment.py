@@ -27,6 +27,7 @@ def test_every_setting_is_of_one_kind_the_deployment_ones_marked_in_the_schema()
         "local",
         "emr",
         "alerts",
+        "tracking",
     ]
     for name in config_names():
         section = name.split(".")[0]
@@ -38,6 +39,7 @@ def test_every_setting_is_of_one_kind_the_deployment_ones_marked_in_the_schema()
         "s3.bucket",
         "local.allow_exposed_workers",
         "alerts.sns_topic_arn",
+        "tracking.uri_variable",
     } <= set(deployment.deployment_settings())
 
 
