@@ -1,7 +1,7 @@
 """How long the train step takes to fail when its cluster cannot place one worker per node: the train
 stage's barrier stage (spark_jobs/train.run_workers) of three workers, submitted to the rehearsal's
 Spark standalone cluster of two one-core nodes, with the EMR train step's barrier-slots settings
-(include/emr.BARRIER_SLOTS_CHECK) or, with --spark-defaults, Spark's own (10 minutes).
+(include/emr_steps.BARRIER_SLOTS_CHECK) or, with --spark-defaults, Spark's own (10 minutes).
 
     .venv/bin/python -m benchmarks.barrier_placement [--spark-defaults]
 
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from include import emr
+from include import emr_steps
 from local_platform.rehearsal.cluster import SparkStandaloneCluster
 from tests.local_platform.barrier_jobs import submit_train_tasks
 
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spark-defaults", action="store_true", help="Spark's own check settings instead")
     args = parser.parse_args(argv)
-    conf = {} if args.spark_defaults else emr.BARRIER_SLOTS_CHECK
+    conf = {} if args.spark_defaults else emr_steps.BARRIER_SLOTS_CHECK
     with (
         tempfile.TemporaryDirectory() as folder,
         SparkStandaloneCluster(workers=2, memory_per_worker_mb=1024) as cluster,

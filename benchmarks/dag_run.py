@@ -20,9 +20,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from local_platform.airflow_runner import DAG_ID, dags_test, prepare, read_report
+from include.airflow_names import DAG_ID
+from local_platform import deployment_file
+from local_platform.airflow_home import prepare
+from local_platform.dag_test import dags_test, read_report
 from local_platform.moto_s3 import LocalS3
-from pipeline.config_files import load_config
+from pipeline.config_files import defaults_path, load_config, read_yaml
 from pipeline.overrides import add_set_argument
 
 GOAL_S = 300
@@ -50,13 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     corpus = [{"corpus": args.corpus}] if args.corpus else []
     config = load_config(overrides=args.overrides + corpus)
-    conf = {"overrides": args.overrides, **({"corpus": args.corpus} if args.corpus else {})}
+    deployers, runs = deployment_file.split(args.overrides)
 
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpt-pipeline-bench-airflow-") as home, LocalS3((config.s3.bucket,)) as s3:
-        env = prepare(Path(home), s3)
-        if not dags_test(env, conf):
+        deployment = deployment_file.write(
+            Path(home) / "pipeline.yaml", read_yaml(defaults_path()), args.corpus, deployers
+        )
+        env = prepare(Path(home), s3) | {"GPT_PIPELINE_CONFIG": str(deployment)}
+        if not dags_test(env, {"overrides": runs}):
             print("the DAG run failed", file=sys.stderr)
             return 1
         total_s = time.perf_counter() - started

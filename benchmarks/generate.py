@@ -1,4 +1,5 @@
-"""Speed of sampling (spark_jobs.generate, spark_jobs.model.sampler) on the default model shape.
+"""Speed of sampling (spark_jobs.generate, spark_jobs.model.sampler and the model's cached pass,
+spark_jobs.model.decoder.CachedDecoder) on the default model shape.
 
     .venv/bin/python -m benchmarks.generate [--model-dir DIR] [--new-tokens 1000] [--samples 1,8] [--window-slides 1,64]
 
@@ -14,8 +15,10 @@ ms per step (one token for each sample), ms per token (and the process's CPU tim
 other processes on the machine sway less), characters per second. Then where the time of a
 step goes: the compiled step alone, a full-window prefill alone, and the matmul FLOPs of a token.
 
-Reference on the same 2 cores: nanoGPT's sample.py, CPU shakespeare_char model, ~1.5 ms per character
-(~667 chars/s); the goal is 4x that, ~2,700 chars/s, about 1.1 ms per BPE token at ~2.9 chars per token.
+The `x nanoGPT` columns divide by a dated reference, not measured here: nanoGPT's sample.py with
+its CPU shakespeare_char model (`python sample.py --out_dir=out-shakespeare-char --device=cpu`),
+~1.5 ms per character (~667 chars/s) on 2 cores, recorded by 2026-11-25 (docs/generation.md); the goal
+is 4x that, ~2,700 chars/s, about 1.1 ms per BPE token at ~2.9 chars per token.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ def main() -> None:
 
     from pipeline.config_files import load_config
     from spark_jobs.generate import load_model
-    from spark_jobs.model import sampler
+    from spark_jobs.model.decoder import cached_decoder
 
     import_s = time.perf_counter() - import_started
     config = load_config()
@@ -103,7 +106,7 @@ def main() -> None:
         run(model, prompt, 1, 1, 1, settings)
         first = time.perf_counter()
 
-    decoder = sampler.cached_decoder(model)
+    decoder = cached_decoder(model)
     print(
         f"model: {'random weights, ' if not args.model_dir else ''}vocab {decoder.vocab_size}, block "
         f"{decoder.block_size}, width {decoder.dim}, {len(decoder.blocks)} layers x {decoder.n_head} heads; "
@@ -134,15 +137,18 @@ def main() -> None:
                 f"{chars / seconds / NANOGPT_CHARS_PER_S:>9.1f} {CHARS_PER_TOKEN / per_token:>12,.0f} "
                 f"{CHARS_PER_TOKEN / per_token / NANOGPT_CHARS_PER_S:>9.1f}"
             )
-    profile(decoder, [int(count) for count in args.samples.split(",")])
+    profile(model, [int(count) for count in args.samples.split(",")])
 
 
-def profile(decoder, batch_sizes: list[int]) -> None:
-    """The compiled functions alone (of a sampler.CachedDecoder), with no sampling between calls."""
+def profile(model, batch_sizes: list[int]) -> None:
+    """The compiled functions alone (of the model's CachedDecoder), with no sampling between calls."""
     import tensorflow as tf
 
     from pipeline.config_files import load_config
+    from spark_jobs.model import sampler
+    from spark_jobs.model.decoder import cached_decoder
 
+    decoder = cached_decoder(model)
     block, dim, layers = decoder.block_size, decoder.dim, len(decoder.blocks)
     mlp = int(decoder.blocks[0].mlp_in.kernel.shape[-1])
     # Multiply-adds of one token through the matmuls: qkv, attention_out, the MLP, the output projection.
@@ -161,7 +167,7 @@ def profile(decoder, batch_sizes: list[int]) -> None:
         window = block - 1  # picks and steps from position 1 to the end of the window, in one call
 
         def run_window():
-            run = decoder.compiled_run(load_config().generate)
+            run = sampler.compiled_run(model, load_config().generate)
             run(*window_arguments(decoder, logits, cache, window))[1].numpy()  # noqa: B023
 
         window_s = timed(run_window, 5) / window

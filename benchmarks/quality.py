@@ -5,8 +5,8 @@
 Runs the preprocessing stages once, then the train stage with 2 workers and with 1 (on a copy of
 the run folder), and prints per worker count: the training wall time (the training loop,
 including compilation and the periodic and final evaluations), tokens/s and the final validation
-loss per token and per character. Reference on 2 cores: nanoGPT's CPU config (char-level, 4
-layers, 128 wide) reaches 1.886 val nats/char in 93.6 s; the goal is <= 1.75 in <= 94 s.
+loss per token and per character. nanoGPT's CPU config, the reference, is measured beside the
+train stage by `python -m benchmarks.anchor_nanogpt` (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from local_platform.stage_runner import run_pipeline
 from pipeline import lake, run_folder
 from pipeline.config import SHARED_CORPUS
 from pipeline.config_files import load_config
-from pipeline.stages import PREPROCESSING_STAGES
+from pipeline.stages import PREPROCESSING_STAGES, TRAINING_STAGE
 from spark_jobs.training import memory
 
 SHORT_TRAINING = [
@@ -54,7 +54,7 @@ SHAPES = {
         "model.mlp_ratio=16",
     ],
 }
-MEASURED_STAGES = (*PREPROCESSING_STAGES, "train")
+MEASURED_STAGES = (*PREPROCESSING_STAGES, TRAINING_STAGE)
 
 
 def measure(corpus: Path, overrides: list[str], scratch: Path) -> tuple[dict, float, int]:

@@ -5,9 +5,10 @@
 target: local   validate_config → tokenize → window → positional_embed → export → train → generate
                   → collect → promote, prune_runs
 
-target: emr     validate_config → create_cluster → wait_for_cluster → tokenize → window → positional_embed
-                  → export → train → generate → collect → promote, prune_runs
-                                                          → terminate_cluster (teardown of create_cluster)
+target: emr     validate_config → create_cluster → wait_for_cluster → smoke → tokenize → window
+                  → positional_embed → export → train → generate → collect → promote, prune_runs
+                                                                   → terminate_cluster (teardown of create_cluster)
+                 create_cluster or wait_for_cluster failed → end_orphaned_clusters (the run's clusters, by tag)
 ```
 
 Each stage is one Spark application run with spark-submit: on this machine's Spark, or as a step of
@@ -15,12 +16,17 @@ an EMR cluster made for the run. Stages talk only through the run folder `{lake}
 `collect` copies the run's record and report to S3, `promote` points the run name's `latest`
 pointer at the new model (updating the `gpt_pipeline_model` asset), `prune_runs` removes older run
 folders when `keep_runs` is set. On EMR, `wait_for_cluster` waits for the cluster to start and
-bootstrap (within `emr.startup_timeout_minutes`) before the first step, `terminate_cluster` runs
-whatever happened after `create_cluster`, and a failed step still fails the run.
+bootstrap (within `emr.startup_timeout_minutes`), `smoke` checks the nodes (their Python packages,
+the training workers' addresses, YARN's largest container, S3) before the first stage, `terminate_cluster` runs
+whatever happened after `create_cluster`, and a failed step still fails the run; should
+`create_cluster` itself fail, `end_orphaned_clusters` ends whatever cluster carries the run's tag.
+With `alerts.sns_topic_arn` set, a task that fails, a teardown included, sends a message to that SNS topic.
+With an MLflow tracking URI in the Airflow variable `tracking.uri_variable` names, `collect` logs the run
+to MLflow and `promote` registers the promoted model, alias `champion`.
 
 Defaults come from include/config/pipeline.yaml (`target` chooses the branch); the trigger form
 changes them for one run. The tasks, the trigger form and the settings a run cannot change:
-`docs/dag.md`; the cluster, its steps and its cost: `docs/emr.md`.
+`docs/dag.md`; the cluster, its steps and its cost: `docs/emr.md`; MLflow and the alerts: `docs/tracking.md`.
 """
 
 from __future__ import annotations
@@ -28,12 +34,12 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from airflow.providers.amazon.aws.operators.emr import EmrTerminateJobFlowOperator
 from airflow.sdk import (
     DAG,
     Asset,
     AssetAny,
     AssetOrTimeSchedule,
+    TriggerRule,
     XComArg,
     chain,
     get_current_context,
@@ -41,31 +47,44 @@ from airflow.sdk import (
 )
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from include import emr, emr_checks, emr_tasks, local_spark, locks, preflight, trigger_form
+from include import (
+    alerts,
+    emr_checks,
+    emr_cluster,
+    emr_cost,
+    emr_steps,
+    emr_tasks,
+    local_spark,
+    locks,
+    preflight,
+    tracking,
+    trigger_form,
+)
 from include.airflow_names import DAG_ID, model_asset_name
-from include.emr_tasks import EmrClusterReadySensor, EmrCreateClusterOperator, EmrStageSensor
+from include.emr_tasks import (
+    EmrClusterReadySensor,
+    EmrCreateClusterOperator,
+    EmrStageSensor,
+    EmrTerminateRunClustersOperator,
+)
 from include.promote import latest_folder, promote_record
 from include.prune import remove_old_runs
-from include.record import AWS_CONN_ID, RunFolder, check_bucket, collect_record
+from include.record import AWS_CONN_ID, StoredRun, check_bucket, collect_record
 from include.report_link import REPORT_URL_KEY, CollectOperator, report_url
 from include.schedule import cron_timetable
 from include.spark_submit import packaged_code
-from pipeline import corpus_files, lake, run_folder
+from pipeline import corpus_files, deployment, lake, run_folder
 from pipeline import stages as stage_graph
-from pipeline.config import ConfigError, PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.config_files import defaults_path, load_config, read_yaml
 from pipeline.errors import name_some
-from pipeline.overrides import DAG_SETTINGS, setting
-from pipeline.stages import STAGE_NAMES
-from spark_jobs.spark.stage_app import load_run_config
+from pipeline.stages import EMR_STEP_NAMES, STAGE_NAMES
 from spark_jobs.training import memory
 
 log = logging.getLogger(__name__)
 
 CONFIG_PATH = defaults_path()  # include/config/pipeline.yaml unless GPT_PIPELINE_CONFIG names another
-CONFIG = load_config(CONFIG_PATH)  # the defaults: target, schedule and the form's values
-# With target emr the cluster's tasks are built with these when Airflow parses the DAG, too.
-EMR_DAG_SETTINGS = ("emr.aws_conn_id", "emr.region", "emr.poke_interval_seconds", "emr.startup_timeout_minutes")
+CONFIG = load_config(CONFIG_PATH)  # the deployment's settings, the run's defaults and the form's values
 # Updated when a run's model becomes latest; the event's extra names the run, its model and the pointer.
 MODEL_ASSET = Asset(name=model_asset_name(latest_folder(CONFIG)), uri=latest_folder(CONFIG))
 
@@ -85,22 +104,19 @@ def retraining_schedule(config: PipelineConfig):
 
 
 def form_config() -> tuple[PipelineConfig, str]:
-    """This run's config (pipeline.yaml + the trigger form, validated) and its run folder name."""
+    """This run's config (pipeline.yaml + the trigger form, validated) and its run id: the run
+    folder's name, made of the run name and Airflow's run id, which it makes safe for a folder, an
+    S3 key and a cluster's name (run_folder.safe_run_id)."""
     context = get_current_context()
-    config = load_config(CONFIG_PATH, trigger_form.overrides(dict(context["params"])))
-    dag_settings, run_settings = CONFIG.model_dump(), config.model_dump()
-    for name in DAG_SETTINGS + (EMR_DAG_SETTINGS if CONFIG.target == "emr" else ()):
-        dag_value, run_value = setting(dag_settings, name), setting(run_settings, name)
-        if run_value != dag_value:
-            raise ConfigError(
-                f"{name}: this DAG's {name} is {dag_value!r}, read from {CONFIG_PATH.name} when Airflow "
-                f"parses the DAG; a run cannot change it (got {run_value!r}): edit {CONFIG_PATH.name}"
-            )
-    changed = stage_graph.changed_settings(dag_settings, run_settings)
+    overrides = trigger_form.overrides(dict(context["params"]))
+    deployment.check_overrides(overrides, read_yaml(CONFIG_PATH), CONFIG_PATH.name)
+    config = load_config(CONFIG_PATH, overrides)
+    deployment.check_run_settings(CONFIG, config, CONFIG_PATH.name)
+    changed = stage_graph.changed_settings(CONFIG.model_dump(), config.model_dump())
     log.info(
         "settings from the form: %s", "; ".join(f"{path} = {new!r}" for path, (_, new) in changed.items()) or "none"
     )
-    return config, f"{config.run_name}-{context['run_id']}"
+    return config, run_folder.safe_run_id(f"{config.run_name}-{context['run_id']}")
 
 
 def check_run(config: PipelineConfig, sizes: dict[str, int]) -> preflight.RunCheck:
@@ -109,6 +125,8 @@ def check_run(config: PipelineConfig, sizes: dict[str, int]) -> preflight.RunChe
     log.info(
         "corpus: %d file(s), %s bytes: %s", len(sizes), f"{sum(sizes.values()):,}", name_some(list(sizes), shown=5)
     )
+    if config.corpus != CONFIG.corpus:  # a link in a folder within corpus_roots may lead out of them
+        deployment.check_corpus_files(sizes, CONFIG.corpus_roots)
     return preflight.check_run(config, sizes)
 
 
@@ -139,7 +157,7 @@ def validate_config_for_emr() -> dict:
     s3 = S3Hook(aws_conn_id=config.emr.aws_conn_id)
     emr_checks.check_settings(config, s3)
     check_bucket(S3Hook(aws_conn_id=AWS_CONN_ID), config.s3.bucket, "s3.bucket")  # collect's, before a cluster
-    sizes = emr.corpus_objects(config, s3)
+    sizes = emr_checks.corpus_objects(config, s3)
     check_run(config, sizes)
     emr_checks.check_corpus_text(config, sizes, s3)
     return emr_tasks.prepare(config, run_id, CONFIG)
@@ -149,7 +167,7 @@ def require_run_folder(run_dir: str, hook) -> None:
     """A run folder that is gone fails the task without its retry, which would fail the same way
     and hold the one active run meanwhile: keep_runs removes older collected runs, whose tasks may
     still be cleared in the UI."""
-    if not RunFolder(run_dir, hook).has(run_folder.CONFIG_FILE):
+    if not StoredRun(run_dir, hook).has(run_folder.CONFIG_FILE):
         raise AirflowFailException(
             f"run folder {run_dir} is gone (keep_runs removes older collected runs) or was never made: "
             "trigger a new run instead"
@@ -160,7 +178,7 @@ def require_run_folder(run_dir: str, hook) -> None:
 def run_local_stage(stage: str, run_dir: str) -> dict:
     """spark-submit one stage on local Spark; returns the headline figures of the stage's stats."""
     require_run_folder(run_dir, hook=None)
-    config = load_run_config(run_dir)
+    config = run_folder.read_config(run_dir)
     with packaged_code() as code_dir:
         try:
             with locks.run_folder_held(run_dir, f"the DAG's task {stage}"):
@@ -174,17 +192,16 @@ def run_local_stage(stage: str, run_dir: str) -> dict:
 
 def collect(run_dir: str, cluster_id: str | None = None) -> dict:
     """Copy config, stats, model and samples to S3 and write the run report (on EMR with the
-    cluster's steps and cost so far); the task's "Run report" link leads to its report.html."""
-    from airflow.providers.amazon.aws.hooks.emr import EmrHook
+    cluster's steps and cost so far), then log the run to MLflow; the task's "Run report" link
+    leads to its report.html."""
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     s3 = S3Hook(aws_conn_id=AWS_CONN_ID)
     require_run_folder(run_dir, s3)
     extra = {}
     if cluster_id:
-        config = RunFolder(run_dir, s3).config()
-        client = EmrHook(aws_conn_id=config.emr.aws_conn_id, region_name=config.emr.region).conn
-        extra["emr"] = emr.cluster_record(client, cluster_id, config)
+        config = run_folder.read_config(run_dir, StoredRun(run_dir, s3).read)
+        extra["emr"] = emr_cost.cluster_record(emr_tasks.emr_client(config), cluster_id, config)
     report = collect_record(run_dir, s3, STAGE_NAMES, extra)
     log.info(
         "record: %s  final val loss: %s  val nats/char: %s",
@@ -193,8 +210,10 @@ def collect(run_dir: str, cluster_id: str | None = None) -> dict:
         report["val_nats_per_char"],
     )
     log.info("report: %s%s (the task's link Run report opens it)", report["s3_uri"], run_folder.REPORT_HTML)
-    get_current_context()["ti"].xcom_push(key=REPORT_URL_KEY, value=report_url(report["s3_uri"], s3))
-    return report
+    context = get_current_context()
+    context["ti"].xcom_push(key=REPORT_URL_KEY, value=report_url(report["s3_uri"], s3))
+    airflow_run = {"dag_id": DAG_ID, "run_id": context["run_id"]}
+    return report | {"mlflow": tracking.track_collected_run(CONFIG, report, s3, airflow_run)}
 
 
 def collect_task(run_dir, cluster_id=None) -> XComArg:
@@ -206,8 +225,9 @@ def collect_task(run_dir, cluster_id=None) -> XComArg:
 
 @task(outlets=[MODEL_ASSET])
 def promote(report: dict) -> dict:
-    """Point latest/{run_name}.json at this run's model and update the model asset; skipped, with
-    no asset event, when s3.promote is if_better and the model latest points at is better."""
+    """Point latest/{run_name}.json at this run's model and update the model asset, then make the
+    model the champion of the run name's registered model in MLflow; skipped, with no asset event,
+    when s3.promote is if_better and the model latest points at is better."""
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     decision = promote_record(report["s3_uri"], S3Hook(aws_conn_id=AWS_CONN_ID))
@@ -216,7 +236,7 @@ def promote(report: dict) -> dict:
         raise AirflowSkipException(f"{decision['latest']} still points at {kept}: {decision['reason']}")
     log.info("%s now points at %s: %s", decision["latest"], decision["pointer"]["model"], decision["reason"])
     get_current_context()["outlet_events"][MODEL_ASSET].extra = decision
-    return decision
+    return decision | {"mlflow": tracking.register_promoted_model(CONFIG, report, decision)}
 
 
 @task
@@ -245,6 +265,8 @@ with DAG(
         "retries": 1,
         "retry_delay": timedelta(minutes=1),
         "execution_timeout": timedelta(hours=4),
+        # Every task's, the teardowns' too: a message to alerts.sns_topic_arn once its last try has failed.
+        "on_failure_callback": alerts.failure_callbacks(CONFIG),
     },
     tags=["gpt-pipeline", "spark", "tensorflow", f"target-{CONFIG.target}"],
 ) as dag:
@@ -260,8 +282,8 @@ with DAG(
         prepared = validate_config_for_emr()
         run_dir = prepared["run_dir"]
 
-        # Setup: the cluster. No retries: a retried create would start a second cluster (boto3
-        # retries API errors itself). It terminates its cluster itself if it fails once EMR made it.
+        # Setup: the cluster. No retries (boto3 retries API errors itself); a create run again (its
+        # task cleared) uses the run's active cluster. It terminates its cluster if it fails once EMR made it.
         create_cluster = EmrCreateClusterOperator(
             task_id="create_cluster",
             job_flow_overrides=prepared["job_flow_overrides"],
@@ -272,11 +294,11 @@ with DAG(
         cluster_id = create_cluster.output
         # Start-up and bootstrap, on their own allowance: the first step's time limit starts after them.
         wait_for_cluster = EmrClusterReadySensor(
-            task_id="wait_for_cluster", job_flow_id=cluster_id, **emr.startup_limits(CONFIG), **aws
+            task_id="wait_for_cluster", job_flow_id=cluster_id, **emr_cluster.startup_limits(CONFIG), **aws
         )
 
-        # Body: one task per stage adds its EMR step and waits for it (a retry adds the step again);
-        # then collect, with the cluster's steps and cost.
+        # Body: one task per stage adds its EMR step and waits for it (a retry adds the step again),
+        # the cluster check (smoke) first; then collect, with the cluster's steps and cost.
         stages = [
             EmrStageSensor(
                 task_id=stage,
@@ -284,17 +306,34 @@ with DAG(
                 step=prepared[f"{stage}_step"],
                 run_dir=run_dir,
                 job_flow_id=cluster_id,
-                retries=emr.STEP_RETRIES,
-                **emr.sensor_limits(stage, CONFIG),
+                retries=emr_steps.STEP_RETRIES,
+                **emr_steps.sensor_limits(stage, CONFIG),
                 **aws,
             )
-            for stage in STAGE_NAMES
+            for stage in EMR_STEP_NAMES
         ]
         report = collect_task(run_dir, cluster_id)
 
         # Teardown: runs whatever happened to the steps; a failed step still fails the run, and so
         # does a failed terminate (the cluster may still be up), which a teardown would not otherwise.
-        terminate_cluster = EmrTerminateJobFlowOperator(task_id="terminate_cluster", job_flow_id=cluster_id, **aws)
+        # With no cluster id from create_cluster it finds the run's clusters by the request's tag.
+        terminate_cluster = EmrTerminateRunClustersOperator(
+            task_id="terminate_cluster",
+            job_flow_id=cluster_id,
+            job_flow_overrides=prepared["job_flow_overrides"],
+            **aws,
+        )
+
+        # A create_cluster that died between RunJobFlow and its XCom (a worker killed outright runs
+        # no on_kill) fails, and Airflow runs no teardown of a failed setup: this task then ends the
+        # run's clusters by their tag. It follows wait_for_cluster, as a setup's own downstream tasks
+        # must be all_success; skipped unless one of the two failed.
+        end_orphaned_clusters = EmrTerminateRunClustersOperator(
+            task_id="end_orphaned_clusters",
+            job_flow_overrides=prepared["job_flow_overrides"],
+            trigger_rule=TriggerRule.ONE_FAILED,
+            **aws,
+        )
 
         chain(
             prepared,
@@ -304,5 +343,6 @@ with DAG(
             report,
             terminate_cluster.as_teardown(setups=create_cluster, on_failure_fail_dagrun=True),
         )
+        wait_for_cluster >> end_orphaned_clusters
         promote(report)
         report >> prune_runs(run_dir)

@@ -1,8 +1,9 @@
 """The checks of the AWS account's side of an EMR run, made by validate_config before any cluster
 exists: the run's buckets are this account's (not the one pipeline.yaml ships with), reachable
 through the connection and in the cluster's region (where the stages reach S3); the service role
-can start the cluster; the corpus is text, its first SNIFF_OBJECTS objects sniffed by their first
-SNIFF_BYTES with the tokenize stage's own check. Each raises PipelineError (ConfigError) naming
+can start the cluster; the corpus is on S3 (corpus_objects lists it as the tokenize stage matches
+it) and is text, its first SNIFF_OBJECTS objects sniffed by their first SNIFF_BYTES with the
+tokenize stage's own check. Each raises PipelineError (ConfigError) naming
 the setting to change.
 """
 
@@ -11,9 +12,11 @@ from __future__ import annotations
 import codecs
 import logging
 
-from include import emr
+from include.emr_code import split_s3_uri
 from include.record import check_bucket
+from pipeline import corpus_files
 from pipeline.config import ConfigError, PipelineConfig
+from pipeline.errors import PipelineError, shown
 from spark_jobs.text import corpus
 
 log = logging.getLogger(__name__)
@@ -51,8 +54,8 @@ def bucket_settings(config: PipelineConfig) -> dict[str, list[str]]:
     for name, values in uris.items():
         for uri in values:
             if not uri.startswith("s3://"):
-                raise ConfigError(f"{name}: target emr reads and writes S3 only, and {uri!r} is not an s3:// URI")
-            names = found.setdefault(emr.split_s3_uri(uri)[0], [])
+                raise ConfigError(f"{name}: target emr reads and writes S3 only, and {shown(uri)} is not an s3:// URI")
+            names = found.setdefault(split_s3_uri(uri)[0], [])
             if name not in names:
                 names.append(name)
     return found
@@ -88,14 +91,53 @@ def check_region(s3_hook, bucket: str, settings: str, region: str | None) -> Non
 
 def check_subnet(config: PipelineConfig) -> None:
     """A service role with the current managed policy (AmazonEMRServicePolicy_v2, EMR_DefaultRole_V2)
-    starts clusters only in subnets tagged for it, so the default VPC's subnet will not do."""
+    starts clusters only in subnets tagged for it, so the default VPC's subnet will not do; with
+    the legacy role, no subnet is warned of (the default VPC, public addresses)."""
     role = config.emr.service_role
+    if config.emr.subnet_id is None and role == LEGACY_SERVICE_ROLE:
+        log.warning(
+            "emr.subnet_id: not set, so the nodes start in the default VPC's subnet, with public IP addresses; "
+            "set emr.subnet_id to a subnet of yours (docs/emr.md)"
+        )
     if role != LEGACY_SERVICE_ROLE and config.emr.subnet_id is None:
         raise ConfigError(
             f"emr.subnet_id: needed with emr.service_role {role!r}: a service role other than the legacy "
             f"{LEGACY_SERVICE_ROLE} (with AmazonEMRServicePolicy_v2, such as EMR_DefaultRole_V2) starts clusters "
             "only in a subnet tagged for-use-with-amazon-emr-managed-policies=true; set emr.subnet_id to one"
         )
+
+
+def corpus_objects(config: PipelineConfig, s3_hook) -> dict[str, int]:
+    """Every corpus object on S3 with its size, matched as the tokenize stage matches them
+    (corpus_files.expand: an object, a folder's objects, or globs), or a PipelineError naming the pattern
+    that matched nothing: checked before a cluster is created."""
+    found = {}
+    for pattern in config.corpus:
+        folder, globs = corpus_files.split_glob(pattern)
+        # A name holding a glob's characters ('Hamlet [1603].txt') is taken as it is when it exists.
+        matched = matching_objects(s3_hook, pattern, []) if globs else {}
+        matched = matched or matching_objects(s3_hook, folder, globs)
+        if not matched:
+            raise PipelineError(f"corpus {pattern} matches no object on S3")
+        found |= matched
+    return dict(sorted(found.items()))
+
+
+def matching_objects(s3_hook, folder: str, globs: list[str]) -> dict[str, int]:
+    """{URI: size} of the object `folder` names, else of the objects below it that match `globs`
+    (all of them for none)."""
+    bucket, prefix = split_s3_uri(folder)
+    prefix = prefix.rstrip("/")
+    matched = {}
+    for item in s3_hook.iter_file_metadata(prefix, bucket_name=bucket):
+        key = item["Key"]
+        relative = key[len(prefix) + 1 :] if prefix else key
+        if key == prefix and not globs:
+            return {f"s3://{bucket}/{key}": item["Size"]}
+        below = not prefix or key.startswith(prefix + "/")
+        if below and not key.endswith("/") and corpus_files.matches(relative.split("/"), globs or ["**"]):
+            matched[f"s3://{bucket}/{key}"] = item["Size"]
+    return matched
 
 
 def check_corpus_text(config: PipelineConfig, sizes: dict[str, int], s3_hook) -> None:
@@ -129,7 +171,7 @@ def head_bytes(client, uri: str, size: int) -> bytes:
     """The first SNIFF_BYTES of an object (one ranged GET), without a character the cut splits."""
     if size == 0:
         return b""
-    bucket, key = emr.split_s3_uri(uri)
+    bucket, key = split_s3_uri(uri)
     data = client.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{SNIFF_BYTES - 1}")["Body"].read()
     return whole_characters(data) if len(data) < size else data
 

@@ -1,33 +1,39 @@
-"""The EMR target's Airflow pieces, built from include/emr.py; dags/gpt_pipeline.py composes them
-with the amazon provider's EmrTerminateJobFlowOperator:
+"""The EMR target's Airflow pieces, built from include/emr_cluster.py, emr_steps.py, emr_cost.py
+and emr_code.py, which dags/gpt_pipeline.py composes:
 
-    validate_config (prepare) -> create_cluster -> wait_for_cluster -> tokenize -> ... -> generate
-                                                                      -> collect -> terminate_cluster
+    validate_config (prepare) -> create_cluster -> wait_for_cluster -> smoke -> tokenize -> ... -> generate
+                                                                               -> collect -> terminate_cluster
 
 `prepare` checks and uploads the run (building the nodes' wheelhouse first when it is missing) and
 returns the cluster request and every stage's step. create_cluster (EmrCreateClusterOperator)
-terminates the cluster it made if it fails after EMR made it: a failed setup task's teardown does
-not run. wait_for_cluster (EmrClusterReadySensor) waits for the cluster to start and bootstrap,
-within its own allowance, so that no step's time limit counts it. Each stage is one EmrStageSensor
-task: it adds the stage's EMR step and waits for it, so that a retry runs the stage again.
-terminate_cluster is a teardown task: it runs whatever happened to the steps, and since Airflow
-leaves teardown tasks out of the run's state, a failed step still fails the run.
+uses the run's cluster when one is already active (found by its run_id tag) instead of starting a
+second, and terminates the cluster it made if it fails after EMR made it: a failed setup task's
+teardown does not run. wait_for_cluster (EmrClusterReadySensor) waits for the cluster to start and bootstrap,
+within its own allowance, so that no step's time limit counts it. Each stage, and the cluster check
+(smoke) before them, is one EmrStageSensor task: it adds the stage's EMR step and waits for it, so
+that a retry runs the stage again.
+terminate_cluster (EmrTerminateRunClustersOperator) is a teardown task: it runs whatever happened
+to the steps, and since Airflow leaves teardown tasks out of the run's state, a failed step still
+fails the run. It terminates create_cluster's cluster and any other active one tagged with the run,
+so also when create_cluster left no cluster id (marked success by hand after its worker was lost,
+then terminate_cluster cleared).
 """
 
 from __future__ import annotations
 
 import logging
 
+from airflow.providers.amazon.aws.hooks.emr import EmrHook
 from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-from airflow.providers.amazon.aws.operators.emr import EmrCreateJobFlowOperator
+from airflow.providers.amazon.aws.operators.emr import EmrCreateJobFlowOperator, EmrTerminateJobFlowOperator
 from airflow.providers.amazon.aws.sensors.emr import EmrJobFlowSensor, EmrStepSensor
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout, TaskDeferred
 
-from include import emr, wheelhouse
-from include.record import RunFolder, check_bucket
+from include import emr_cluster, emr_code, emr_cost, emr_steps, wheelhouse
+from include.record import StoredRun, check_bucket
 from pipeline import run_folder
 from pipeline.config import PipelineConfig
-from pipeline.stages import STAGE_NAMES
+from pipeline.stages import EMR_STEP_NAMES
 from spark_jobs.training import memory
 
 log = logging.getLogger(__name__)
@@ -37,29 +43,37 @@ READY_STATES = ("WAITING", "RUNNING")
 
 def prepare(config: PipelineConfig, run_id: str, dag_config: PipelineConfig) -> dict:
     """Check the run fits the DAG's sensor limits, upload it, and return what the EMR tasks send:
-    `run_dir`, `job_flow_overrides` and `{stage}_step` (run it as a task with multiple_outputs=True)."""
-    emr.check_sensor_limits(config, dag_config)
-    worker_mb = emr.train_executor_memory_mb(config)[1]
+    `run_dir`, `job_flow_overrides` and `{stage}_step`, the cluster check's too (run it as a task with
+    multiple_outputs=True).
+    `run_id` is the run folder's name, made safe once by the DAG (run_folder.safe_run_id); the code's
+    folder and the cluster's name and tags take it as it is."""
+    emr_steps.check_sensor_limits(config, dag_config)
+    worker_mb = emr_steps.train_executor_memory_mb(config)[1]
     where = f"on an {config.emr.core_instance_type} core node (emr.core_instance_type: its train executor's overhead)"
     need = memory.check_training_fits(config, worker_mb, where)
     log.info("training: %s, of the %s MB a worker has", memory.describe(need), f"{worker_mb:,}")
-    request = emr.job_flow_overrides(config, run_id)
-    steps = {f"{stage}_step": emr.stage_step(stage, config, run_id) for stage in STAGE_NAMES}
-    hourly, hours = emr.check_budget(config, dag_config)
+    request = emr_cluster.job_flow_overrides(config, run_id)
+    steps = {f"{stage}_step": emr_steps.stage_step(stage, config, run_id) for stage in EMR_STEP_NAMES}
+    hourly, hours = emr_cost.check_budget(config, dag_config)
     log.info(
         "cluster: about $%.2f per hour at %s; at most %.1f hours (about $%.0f) with these limits",
         hourly,
-        emr.price_basis(config),
+        emr_cost.price_basis(config),
         hours,
         hourly * hours,
     )
     s3 = S3Hook(aws_conn_id=config.emr.aws_conn_id)
     # Without it EMR would start the cluster and lose its logs.
-    check_bucket(s3, emr.split_s3_uri(config.emr.log_uri)[0], "emr.log_uri")
+    check_bucket(s3, emr_code.split_s3_uri(config.emr.log_uri)[0], "emr.log_uri")
     # The nodes install from it without PyPI; pip on this worker builds it when it is missing.
     wheelhouse.ensure(config, s3.get_conn())
-    emr.upload_run(config, run_id, s3.get_conn())
+    emr_code.upload_run(config, run_id, s3.get_conn())
     return {"run_dir": run_folder.run_dir(config, run_id), "job_flow_overrides": request, **steps}
+
+
+def emr_client(config: PipelineConfig):
+    """boto3's EMR client through the deployment's connection and region (emr.aws_conn_id, emr.region)."""
+    return EmrHook(aws_conn_id=config.emr.aws_conn_id, region_name=config.emr.region).conn
 
 
 def ended_cluster(cluster: dict) -> str:
@@ -82,6 +96,9 @@ class EmrCreateClusterOperator(EmrCreateJobFlowOperator):
         self._job_flow_id = None  # on_kill reads it, also before RunJobFlow has returned
 
     def execute(self, context) -> str:
+        existing = self.run_cluster()
+        if existing:
+            return existing
         try:
             return super().execute(context)
         except TaskDeferred:  # waiting in a trigger: not a failure
@@ -95,6 +112,19 @@ class EmrCreateClusterOperator(EmrCreateJobFlowOperator):
             raise AirflowFailException(
                 f"cluster {self._job_flow_id} was created, then {type(error).__name__}: {error}; {outcome}"
             ) from error
+
+    def run_cluster(self) -> str | None:
+        """The run's active cluster, if an earlier try made one (its task cleared, or failed after
+        RunJobFlow succeeded without knowing it): used instead of starting a second one."""
+        existing = emr_cluster.request_run_clusters(self.hook.conn, self.job_flow_overrides)
+        if existing:
+            self.log.warning(
+                "cluster %s of this run (tag %s=%s) is active: using it instead of creating another",
+                existing[0],
+                emr_cluster.RUN_TAG,
+                emr_cluster.run_tag(self.job_flow_overrides),
+            )
+        return existing[0] if existing else None
 
     def on_kill(self) -> None:
         if self._job_flow_id:
@@ -113,6 +143,36 @@ class EmrCreateClusterOperator(EmrCreateJobFlowOperator):
             self.log.error("cluster %s: %s", cluster_id, outcome)
             return outcome
         return "it was terminated"
+
+
+class EmrTerminateRunClustersOperator(EmrTerminateJobFlowOperator):
+    """The provider's terminate operator, which also terminates every other active cluster tagged
+    with the run (`job_flow_overrides`, the run's request, names its tag), and those alone when
+    create_cluster's XCom holds no cluster id (job_flow_id None): create_cluster died between
+    RunJobFlow and pushing it (and was then marked success so that this teardown runs), or its XCom
+    was cleared. Whatever Airflow recorded, no cluster of the run is left running."""
+
+    template_fields = (*EmrTerminateJobFlowOperator.template_fields, "job_flow_overrides")
+
+    def __init__(self, *, job_flow_overrides: dict | str, job_flow_id: str | None = None, **kwargs):
+        super().__init__(job_flow_id=job_flow_id, **kwargs)
+        self.job_flow_overrides = job_flow_overrides
+
+    def execute(self, context) -> None:
+        if self.job_flow_id:
+            super().execute(context)  # first: the cluster create_cluster made, even if listing is refused
+        else:
+            self.log.warning("create_cluster left no cluster id: looking for the run's clusters by their tag")
+        others = [
+            cluster
+            for cluster in emr_cluster.request_run_clusters(self.hook.conn, self.job_flow_overrides)
+            if cluster != self.job_flow_id
+        ]
+        if others:
+            self.log.warning("terminating the run's other active cluster(s) (tag %s): %s", emr_cluster.RUN_TAG, others)
+            self.hook.conn.terminate_job_flows(JobFlowIds=others)
+        elif not self.job_flow_id:
+            self.log.info("no active cluster is tagged with this run: nothing to terminate")
 
 
 class EmrClusterReadySensor(EmrJobFlowSensor):
@@ -188,7 +248,7 @@ class EmrStageSensor(EmrStepSensor):
         newest = next(iter(self.stage_steps()), None)
         if newest is None or (newest["Status"]["State"] in self.failed_states and newest["Name"] != name):
             self.check_cluster_running()  # EMR refuses a step on a cluster that ended: say why, without the retry
-            self.run_folder().remove(run_folder.error_path(self.stage))  # an earlier try's error is not this step's
+            self.stored_run().remove(run_folder.error_path(self.stage))  # an earlier try's error is not this step's
             (step_id,) = self.hook.add_job_flow_steps(job_flow_id=self.job_flow_id, steps=[{**self.step, "Name": name}])
             self.log.info("added step %s (%s) to cluster %s", step_id, name, self.job_flow_id)
             return step_id
@@ -200,14 +260,14 @@ class EmrStageSensor(EmrStepSensor):
         steps = [step for page in pages for step in page["Steps"]]
         return [step for step in steps if step["Name"] == self.stage or step["Name"].startswith(f"{self.stage} (try ")]
 
-    def run_folder(self) -> RunFolder:
-        return RunFolder(self.run_dir, S3Hook(aws_conn_id=self.aws_conn_id, region_name=self.region_name))
+    def stored_run(self) -> StoredRun:
+        return StoredRun(self.run_dir, S3Hook(aws_conn_id=self.aws_conn_id, region_name=self.region_name))
 
     def report_progress(self) -> None:
         """Log how far the running stage is, from the progress file it keeps in the run folder (train
         does), so that the task's log follows a long step; the step's own log reaches S3 only after it."""
         try:
-            run, path = self.run_folder(), run_folder.progress_path(self.stage)
+            run, path = self.stored_run(), run_folder.progress_path(self.stage)
             if run.has(path):
                 self.log.info("%s: %s", self.stage, describe_progress(run.read_json(path)))
         except Exception as error:  # reading progress must never fail the wait
@@ -227,7 +287,7 @@ class EmrStageSensor(EmrStepSensor):
 
     def check_time_limit(self) -> None:
         """A step that ran out of its own time limit fails without the retry, as a task out of time does."""
-        limit = emr.step_time_limit(self.step)
+        limit = emr_steps.step_time_limit(self.step)
         try:
             step = self.hook.conn.describe_step(ClusterId=self.job_flow_id, StepId=self.step_id)["Step"]
         except Exception as error:  # the step's failure is still reported and raised
@@ -239,7 +299,7 @@ class EmrStageSensor(EmrStepSensor):
             raise AirflowFailException(f"{self.stage}: step {self.step_id} ran out of its time limit ({limit:,} s)")
 
     def report_stage_error(self) -> None:
-        path, run = run_folder.error_path(self.stage), self.run_folder()
+        path, run = run_folder.error_path(self.stage), self.stored_run()
         if not run.has(path):
             self.log.error(
                 "%s left no %s in the run folder: its step log stdout.gz under emr.log_uri says why",

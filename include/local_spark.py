@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from include import class_archive, loopback_only
+from include import class_archive, locks, loopback_only
 from include.spark_submit import local_master, spark_submit_argv
+from pipeline import run_folder, stages
 from pipeline.config import PipelineConfig
 from pipeline.errors import BAD_INPUT_EXIT, PipelineError
 
@@ -22,16 +23,16 @@ LOOPBACK = "127.0.0.1"
 # would be this machine's network address, and its UI every interface. EMR's steps keep Spark's
 # defaults: there the nodes talk to each other, inside the cluster's security groups.
 LOOPBACK_CONF = {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK}
-# The stages run in a private network namespace that holds only loopback: train, whose TensorFlow
-# workers' gRPC servers listen on every interface, unauthenticated. It reads and writes the local
-# run folder only; tokenize, which may read an s3:// corpus, stays on this machine's network.
-CONTAINED_STAGES = ("train",)
 EXPOSURE_SETTING = "local.allow_exposed_workers"
 
 
 class StageFailed(RuntimeError):
-    def __init__(self, stage: str, returncode: int, argv: list[str]):
-        super().__init__(f"stage {stage} failed with exit code {returncode} (command: {' '.join(argv)})")
+    """A stage's spark-submit that did not succeed: with the error the stage recorded in its run
+    folder when it left one (the line to act on), else with its command."""
+
+    def __init__(self, stage: str, returncode: int, argv: list[str], error: str | None = None):
+        why = f": {error}" if error else f" (command: {' '.join(argv)})"
+        super().__init__(f"stage {stage} failed with exit code {returncode}{why}")
         self.returncode = returncode
 
     @property
@@ -78,7 +79,7 @@ def local_argv(stage: str, config: PipelineConfig, run_dir: str, code_dir: Path)
         config,
         code_uri=str(code_dir),
         run_dir=run_dir,
-        master=local_master(stage, config, os.cpu_count() or 2),
+        master=local_master(stages.by_name(stage), config, os.cpu_count() or 2),
         resources=LOOPBACK_CONF,
     )
     argv[0] = str(Path(sys.executable).parent / "spark-submit")
@@ -107,9 +108,10 @@ def exposure_warning(config: PipelineConfig) -> str | None:
 
 
 def launch_argv(stage: str, config: PipelineConfig, argv: list[str]) -> list[str]:
-    """`argv` as it runs here: contained in a private network namespace for the stages that need
-    it (see exposure_warning for where that is not possible)."""
-    if stage not in CONTAINED_STAGES:
+    """`argv` as it runs here: contained in a private network namespace that holds only loopback
+    for the stages the stage table marks `contained` (train, whose TensorFlow workers' gRPC servers
+    listen on every interface, unauthenticated); see exposure_warning for where that is not possible."""
+    if not stages.by_name(stage).contained:
         return argv
     warning = exposure_warning(config)
     if warning is None:
@@ -126,15 +128,20 @@ def submit_stage(stage: str, config: PipelineConfig, run_dir: str, code_dir: Pat
             jvm_options = (*jvm_options, f"-Dio.netty.machineId={':'.join(secrets.token_hex(1) for _ in range(8))}")
         returncode = run_spark_submit(launched, spark_env(jvm_options))
         if returncode != 0:
-            raise StageFailed(stage, returncode, argv)
+            raise StageFailed(stage, returncode, argv, run_folder.recorded_error(run_dir, stage))
 
 
 def run_spark_submit(argv: list[str], env: dict[str, str]) -> int:
     """spark-submit's exit code. When this process is stopped meanwhile (Ctrl-C, SIGTERM, Airflow
     stopping the task), spark-submit gets SIGTERM first: Spark's shutdown then stops its Python
     workers and removes its temporary folders, which a SIGKILL would leave in /tmp. What still
-    runs STOP_GRACE_S later is killed."""
-    process = subprocess.Popen(argv, env=env)
+    runs STOP_GRACE_S later is killed. Should this process be killed outright, spark-submit gets
+    SIGTERM all the same (loopback_only.stop_with_parent), and until it has ended it holds the
+    locks this process held (the run folder's), so no retry works in the run folder meanwhile."""
+    parent = os.getpid()
+    process = subprocess.Popen(
+        argv, env=env, pass_fds=locks.held_fds(), preexec_fn=lambda: loopback_only.stop_with_parent(parent)
+    )
     try:
         return process.wait()
     except BaseException:

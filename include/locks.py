@@ -1,5 +1,6 @@
 """Locks on local files that one process holds at a time: Airflow's home for one command, a run
-folder for one command or task. A lock goes with its process, however that ends."""
+folder for one command or task. A lock goes with its process, however that ends, and with the
+children it passed it to."""
 
 from __future__ import annotations
 
@@ -12,9 +13,18 @@ from pathlib import Path
 from pipeline import lake, run_folder
 from pipeline.errors import PipelineError
 
+# The file descriptors of the locks this process holds: a child doing the work a lock protects
+# inherits them (include/local_spark.py), and the lock lasts until the child too has ended.
+_held_fds: set[int] = set()
+
 
 class InUse(PipelineError):
     """Another process holds the lock."""
+
+
+def held_fds() -> tuple[int, ...]:
+    """The locks this process holds, as file descriptors to pass on to a child."""
+    return tuple(sorted(_held_fds))
 
 
 @contextmanager
@@ -31,7 +41,11 @@ def held(lock_file: Path, holder: str, in_use: Callable[[str], str]) -> Iterator
         handle.truncate(0)
         handle.write(f"{holder} (pid {os.getpid()})")
         handle.flush()
-        yield
+        _held_fds.add(handle.fileno())
+        try:
+            yield
+        finally:
+            _held_fds.discard(handle.fileno())
 
 
 @contextmanager

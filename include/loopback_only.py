@@ -31,6 +31,7 @@ import errno
 import fcntl
 import functools
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -45,6 +46,8 @@ IFF_UP = 0x1
 LOOPBACK_INTERFACE = "lo"
 HELPER = Path(__file__).resolve()
 CHECK_TIMEOUT_S = 30
+PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork: a child calls it before exec
 
 
 def prefix() -> list[str]:
@@ -83,6 +86,15 @@ def _unshare(flags: int) -> None:
     if libc.unshare(flags) != 0:
         number = ctypes.get_errno()
         raise OSError(number, os.strerror(number))
+
+
+def stop_with_parent(parent_pid: int) -> None:
+    """SIGTERM to this process when the thread that started it ends, however it ends (kill -9 of an
+    Airflow task): a stage's spark-submit must not keep working in a run folder whose lock its task
+    no longer holds. Lasts across exec; ends the process at once if `parent_pid` is already gone."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def _write(path: str, text: str) -> None:
@@ -134,6 +146,7 @@ def main(argv: list[str]) -> int:
     if not check and not command:
         print(f"usage: {Path(sys.argv[0]).name} --check | -- COMMAND [ARG ...]", file=sys.stderr)
         return 2
+    parent = os.getppid()
     try:
         enter_private_network()
     except OSError as error:
@@ -145,6 +158,7 @@ def main(argv: list[str]) -> int:
         return 1
     if check:
         return 0
+    stop_with_parent(parent)  # again: a new user namespace changes this process's credentials, which clears it
     try:
         os.execvp(command[0], command)
     except OSError as error:

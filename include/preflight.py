@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from include import local_spark
 from pipeline import disk_room
+from pipeline import stages as stage_table
 from pipeline.config import PipelineConfig
 from spark_jobs.text import corpus
 from spark_jobs.training import memory
@@ -34,10 +35,13 @@ class RunCheck:
 
 def check_run(config: PipelineConfig, sizes: dict[str, int] | None, stages: Collection[str] | None = None) -> RunCheck:
     """Check a run of `stages` (default: the whole pipeline) before any Spark or cluster starts.
-    `sizes` is the corpus ({URI: bytes}); it is read by tokenize only, so a run without tokenize
-    may give None. The corpus and disk checks go with tokenize, the memory check with train."""
+    `sizes` is the corpus ({URI: bytes}), which only the stage that reads it (tokenize) needs: a
+    run without that stage may give None. The corpus and disk checks go with that stage, the memory
+    check with the barrier stage and the network check with a contained one (both train; see
+    pipeline.stages)."""
+    chosen = stage_table.select(stages)
     found = RunCheck()
-    if stages is None or "tokenize" in stages:
+    if any(stage.reads_corpus for stage in chosen):
         if sizes is None:
             raise ValueError("a run with tokenize needs the corpus's sizes")
         corpus.check_fits(config, sizes)
@@ -46,7 +50,8 @@ def check_run(config: PipelineConfig, sizes: dict[str, int] | None, stages: Coll
         else:
             disk_room.check_lake_room(config, sizes)
         found = RunCheck(corpus_files=len(sizes), corpus_bytes=sum(sizes.values()))
-    if config.target == "local" and (stages is None or "train" in stages):
-        training = memory.check_local_training(config)
-        found = replace(found, training=training, exposure=local_spark.exposure_warning(config))
+    if config.target == "local" and any(stage.barrier for stage in chosen):
+        found = replace(found, training=memory.check_local_training(config))
+    if config.target == "local" and any(stage.contained for stage in chosen):
+        found = replace(found, exposure=local_spark.exposure_warning(config))
     return found

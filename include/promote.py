@@ -11,8 +11,8 @@ import json
 import posixpath
 from datetime import datetime, timezone
 
+from include.record import StoredRun
 from pipeline import run_folder
-from pipeline.config_files import from_json
 from pipeline.errors import PipelineError
 
 LATEST_FOLDER = "latest"
@@ -41,9 +41,16 @@ def promotion(candidate: dict, current: dict | None, policy: str) -> tuple[bool,
     )
 
 
+def names_the_same_collect(pointer: dict, candidate: dict) -> bool:
+    """Whether `pointer` names the record `candidate` would: each collect writes a record folder of
+    its own (include.record.record_prefix), so only a retried promote finds it named already."""
+    return (pointer.get("record"), pointer.get("collected_at")) == (candidate["record"], candidate["collected_at"])
+
+
 def promote_record(record_uri: str, hook) -> dict:
     """Point latest/{run_name}.json at the collected record in `record_uri`, unless s3.promote is
-    if_better and the model it points at now has the lower validation nats/char.
+    if_better and the model it points at now has the lower validation nats/char. A run collected
+    again is decided alike: its new record is beside the one latest may point at, which stays whole.
 
     Returns the decision: `promoted`, the pointer's URI, the pointer written (or kept) and the reason."""
     bucket, prefix = hook.parse_s3_url(record_uri)
@@ -51,25 +58,24 @@ def promote_record(record_uri: str, hook) -> dict:
     if not hook.check_for_key(posixpath.join(prefix, run_folder.REPORT_JSON), bucket_name=bucket):
         raise PipelineError(f"record {record_uri} has no {run_folder.REPORT_JSON}: collect did not finish")
     report = read(posixpath.join(prefix, run_folder.REPORT_JSON))  # written last by collect: the record is whole
-    config = from_json(hook.read_key(posixpath.join(prefix, run_folder.CONFIG_FILE), bucket_name=bucket))
+    config = run_folder.read_config(record_uri, StoredRun(record_uri, hook).read)
     key = latest_key(config)
     current = read(key) if hook.check_for_key(key, bucket_name=bucket) else None
     candidate = {
         "run": report["run"],
         "record": report["s3_uri"],
         "model": report["s3_uri"] + f"{run_folder.MODEL_FOLDER}/",
+        # every format the record has, by name (keras, huggingface, saved_model): none in older reports
+        "model_formats": {name: entry["uri"] for name, entry in report.get("model_formats", {}).items()},
         "final_val_loss": report["final_val_loss"],
         "val_nats_per_char": report["val_nats_per_char"],
         "collected_at": report["collected_at"],
         "promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    same_run = current is not None and current["run"] == candidate["run"]
-    if same_run and current.get("collected_at") == candidate["collected_at"]:  # a retried promote
-        promoted, reason, candidate = True, "latest points at this run's model already", current
+    if current is not None and names_the_same_collect(current, candidate):  # a retried promote
+        promoted, reason, candidate = True, "latest points at this record's model already", current
     else:
         promoted, reason = promotion(candidate, current, config.s3.promote)
-        if same_run:  # whatever the policy: the model latest pointed at is gone, replaced by this one
-            promoted, reason = True, "this run was collected again: its record, which latest points at, has a new model"
         if promoted:
             if current:
                 candidate["previous"] = {name: current.get(name) for name in ("run", "record", "val_nats_per_char")}

@@ -7,7 +7,7 @@ import logging
 
 from include import locks
 from include.promote import latest_run
-from include.record import RunFolder
+from include.record import StoredRun
 from pipeline import lake, run_folder
 
 log = logging.getLogger(__name__)
@@ -20,8 +20,8 @@ def remove_old_runs(run_dir: str, hook) -> list[str]:
     left alone, and so is the run whose model the latest pointer names (s3.promote: if_better may
     keep an older one); records on S3 stay. A removal that stopped halfway (its folder holds
     REMOVING) is finished."""
-    run = RunFolder(run_dir, hook)
-    config = run.config()
+    run = StoredRun(run_dir, hook)
+    config = run_folder.read_config(run.uri, run.read)
     if config.keep_runs is None:
         return []
     others, unfinished_removals = [], []
@@ -51,7 +51,7 @@ def remove_old_runs(run_dir: str, hook) -> list[str]:
     return removed
 
 
-def remove_run_folder(folder: RunFolder) -> None:
+def remove_run_folder(folder: StoredRun) -> None:
     """A REMOVING marker goes in first and out last, so that a removal that stops halfway is
     finished by the next one; the report and the stages' stats go first, so that a folder half
     removed never looks collected or its stages complete."""
@@ -66,16 +66,16 @@ def remove_run_folder(folder: RunFolder) -> None:
         lake.delete(folder.uri)  # the folders left, empty
 
 
-def collected_lineage(run: RunFolder) -> tuple[str, list[str]] | None:
+def collected_lineage(run: StoredRun) -> tuple[str, list[str]] | None:
     """The run name and corpus of a run folder collect finished (with a report), else None: the
     retrainings keep_runs counts share both (two corpora may share a default run name, input.txt's)."""
     if not (run.has(run_folder.REPORT_JSON) and run.has(run_folder.CONFIG_FILE)):
         return None
-    config = run.read_json(run_folder.CONFIG_FILE)
+    config = run_folder.read_config_data(run.uri, run.read)  # of any version: it may not validate now
     return config.get("run_name"), config.get("corpus")
 
 
-def collected_at(run: RunFolder) -> str:
+def collected_at(run: StoredRun) -> str:
     """When collect finished the run: its report's collected_at, or for a report without
     collected_at, its file's time."""
     report = run.read_json(run_folder.REPORT_JSON)

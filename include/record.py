@@ -1,9 +1,12 @@
-"""The run's record: a run folder read on local disk or on S3 (RunFolder), the files of it that
-make the record, and the collect task, which copies them to S3 with the run's report.
+"""The run's record: a stored run's files read and written on local disk or on S3 through the
+Airflow connection (StoredRun), the files of a run folder that make the record, and the collect
+task, which copies them to S3 with the run's report.
 
 The record is the resolved config, stats/, model/, spark-events/, samples.txt and tensorboard/ of the run
 folder; it goes to s3://{s3.bucket}/{s3.prefix}/{run folder name}/ through the amazon provider's S3Hook, so the
-Airflow AWS connection decides where S3 is (AWS, LocalStack or a local moto server).
+Airflow AWS connection decides where S3 is (AWS, LocalStack or a local moto server). A run collected
+again gets a record of its own beside that one, {run folder name}.recollected-{UTC time}/: a whole
+record, which the latest pointer may name, is never written over, and no task removes one.
 """
 
 from __future__ import annotations
@@ -18,8 +21,6 @@ from pathlib import Path
 from include.report import build_report, report_text
 from include.report_html import report_html
 from pipeline import lake, run_folder
-from pipeline.config import PipelineConfig
-from pipeline.config_files import from_json
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ RECORD_FOLDERS = tuple(
         run_folder.TENSORBOARD_FOLDER,
     )
 )
+# What a record folder of a run collected again adds to the run folder's name, before the collect's UTC time.
+RECOLLECTED = ".recollected-"
 # The reports' media types on S3: a browser shows report.html opened from there (the console, a link).
 CONTENT_TYPES = {
     run_folder.REPORT_JSON: "application/json",
@@ -43,8 +46,10 @@ CONTENT_TYPES = {
 }
 
 
-class RunFolder:
-    """Lists and reads a run folder on local disk (file://) or on S3 through the hook."""
+class StoredRun:
+    """A run as stored in a folder, its run folder in the lake or its record on S3: lists, reads and
+    writes its files on local disk (file://) or on S3 through the hook, so the Airflow connection
+    decides where S3 is."""
 
     def __init__(self, uri: str, hook):
         self.uri = uri.rstrip("/")
@@ -74,9 +79,6 @@ class RunFolder:
     def read_json(self, relative: str) -> dict:
         return json.loads(self.read(relative))
 
-    def config(self) -> PipelineConfig:
-        return from_json(self.read(run_folder.CONFIG_FILE).decode("utf-8"))
-
     def write(self, relative: str, data: bytes) -> None:
         uri = lake.join(self.uri, relative)
         if uri.startswith("s3://"):
@@ -100,19 +102,23 @@ class RunFolder:
             return self.hook.get_key(uri).last_modified.astimezone(timezone.utc)
         return datetime.fromtimestamp(os.path.getmtime(lake.local_path(uri)), timezone.utc)
 
-    def siblings(self) -> list[RunFolder]:
+    def siblings(self) -> list[StoredRun]:
         """The run folders of the lake, this one among them."""
         runs = posixpath.dirname(self.uri)
         if runs.startswith("s3://"):
             bucket, prefix = self.hook.parse_s3_url(runs)
             folders = self.hook.list_prefixes(bucket_name=bucket, prefix=prefix + "/", delimiter="/") or []
-            return [RunFolder(f"s3://{bucket}/{folder.rstrip('/')}", self.hook) for folder in sorted(folders)]
+            return [StoredRun(f"s3://{bucket}/{folder.rstrip('/')}", self.hook) for folder in sorted(folders)]
         local = Path(lake.local_path(runs))
-        return [RunFolder(lake.join(runs, path.name), self.hook) for path in sorted(local.iterdir()) if path.is_dir()]
+        return [StoredRun(lake.join(runs, path.name), self.hook) for path in sorted(local.iterdir()) if path.is_dir()]
 
 
-def record_files(run: RunFolder) -> list[str]:
-    files = [path for path in run.files() if path in RECORD_FILES or path.startswith(RECORD_FOLDERS)]
+def record_files(run: StoredRun) -> list[str]:
+    files = [
+        path
+        for path in run.files()
+        if (path in RECORD_FILES or path.startswith(RECORD_FOLDERS)) and not lake.is_temporary(path)
+    ]
     missing = [name for name in RECORD_FILES if name not in files]
     if missing:
         raise PipelineError(f"run folder {run.uri} has no {', '.join(missing)}: the run did not complete")
@@ -130,19 +136,31 @@ def check_bucket(hook, bucket: str, setting: str) -> str:
     return bucket
 
 
+def record_prefix(hook, bucket: str, records_prefix: str, folder_name: str) -> str:
+    """The key prefix of the record a collect of the run folder `folder_name` writes:
+    {records_prefix}/{folder_name} the first time (again after a collect there stopped short of its
+    report), and a new one each time the run is collected again, {folder_name}.recollected-{UTC time
+    to the microsecond}."""
+    first = posixpath.join(records_prefix.strip("/"), folder_name)
+    if not hook.check_for_key(posixpath.join(first, run_folder.REPORT_JSON), bucket_name=bucket):
+        return first
+    return f"{first}{RECOLLECTED}{datetime.now(timezone.utc):%Y%m%dT%H%M%S.%fZ}"
+
+
 def collect_record(run_dir: str, hook, stages: tuple[str, ...], extra: dict | None = None) -> dict:
-    """Copy the run's record to S3, then the report (written last: its presence means complete);
-    the run folder gets the report too (a command that uses the folder again removes it). `extra` goes
-    into the report as it is (on EMR: the cluster and its steps, under "emr")."""
-    run = RunFolder(run_dir, hook)
-    config = run.config()
+    """Copy the run's record to S3, into a record folder no whole record is in (record_prefix), then
+    the report (written last: its presence means complete); the run folder gets the report too (a
+    command that uses the folder again removes it). `extra` goes into the report as it is (on EMR: the
+    cluster and its steps, under "emr")."""
+    run = StoredRun(run_dir, hook)
+    config = run_folder.read_config(run.uri, run.read)
     bucket = check_bucket(hook, config.s3.bucket, "s3.bucket")
-    prefix = posixpath.join(config.s3.prefix.strip("/"), run.name)
-    paths, record = record_files(run), RunFolder(f"s3://{bucket}/{prefix}", hook)
-    record.remove(*run_folder.REPORTS)  # a record collected before is not whole until its new report is in
+    paths = record_files(run)
+    prefix = record_prefix(hook, bucket, config.s3.prefix, run.name)
+    record = StoredRun(f"s3://{bucket}/{prefix}", hook)
     for path in paths:
         hook.load_bytes(run.read(path), key=f"{prefix}/{path}", bucket_name=bucket, replace=True)
-    record.remove(*[path for path in record.files() if path not in paths])  # an earlier collect's, gone from the run
+    record.remove(*[path for path in record.files() if path not in paths])  # a collect's that stopped halfway here
     report = build_report(run, f"s3://{bucket}/{prefix}/", stages) | (extra or {})
     files = {  # report.json last
         run_folder.REPORT_TEXT: report_text(report),

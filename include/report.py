@@ -7,18 +7,20 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from datetime import datetime, timezone
 
+from include.model_formats import model_formats, model_formats_text
 from pipeline import run_folder
 from pipeline.config_files import load_config
-from pipeline.stages import changed_settings
+from pipeline.stages import CLUSTER_CHECK, changed_settings
 
 GENERATION_KEYS = ("samples", "generated_tokens", "generation_s", "tokens_per_s")
 
 
 def build_report(run, s3_uri: str, stages: tuple[str, ...]) -> dict:
     stats = {stage: run.read_json(run_folder.stats_path(stage)) for stage in stages}
-    config = run.read_json(run_folder.CONFIG_FILE)
+    config = run_folder.read_config_data(run.uri, run.read)  # compared as written with the defaults
     train = stats["train"]
     return {
         "run": run.name,
@@ -45,6 +47,25 @@ def build_report(run, s3_uri: str, stages: tuple[str, ...]) -> dict:
         "steps": training_points(run),
         "sample": run.read(run_folder.SAMPLES_PATH).decode("utf-8"),
         "generation": {key: stats["generate"].get(key) for key in GENERATION_KEYS} if "generate" in stats else {},
+        "model_formats": model_formats(run.has, s3_uri),
+        "cluster_check": cluster_check(run),
+    }
+
+
+def cluster_check(run) -> dict | None:
+    """What the EMR target's cluster check found (its stats): each node's address and package
+    versions, YARN's limits and what an executor asks of them; None for a run without it (target
+    local, or a run folder from before the check)."""
+    path = run_folder.stats_path(CLUSTER_CHECK.name)
+    if not run.has(path):
+        return None
+    found = run.read_json(path)
+    return {
+        "master": found.get("master"),
+        "nodes": found.get("nodes", []),
+        "distinct_addresses": found.get("distinct_addresses"),
+        "yarn": found.get("yarn"),
+        "executor_mb": found.get("executor_mb", {}),
     }
 
 
@@ -111,9 +132,19 @@ def report_text(report: dict) -> str:
         f"## Stages\n\n| stage | seconds |\n|---|---|\n{stages}\n\n"
         + spark_text(report.get("spark", {}))
         + (emr_text(report["emr"]) if "emr" in report else "")
+        + (cluster_check_text(report["cluster_check"]) if report.get("cluster_check") else "")
         + (f"## Warnings\n\n{warnings}\n\n" if warnings else "")
-        + f"## Sample\n\n{generation_text(report.get('generation', {}))}```\n{report['sample']}\n```\n"
+        + model_formats_text(report.get("model_formats", {}))
+        + f"## Sample\n\n{generation_text(report.get('generation', {}))}{code_block(report['sample'])}"
     )
+
+
+def code_block(text: str) -> str:
+    """text as a Markdown code block, fenced with more backticks than any run of them in it (as
+    CommonMark allows): a sample that holds ``` does not end its block and go on as Markdown."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text}\n{fence}\n"
 
 
 def generation_text(generation: dict) -> str:
@@ -205,4 +236,49 @@ def emr_text(cluster: dict) -> str:
         f"{figure(cluster['hours_so_far'])} hours and about ${figure(cluster['cost_usd_so_far'], ',.2f')} "
         f"at {cluster.get('cost_basis', 'on-demand prices')} when collect ran.\n\n"
         f"| step | state | seconds |\n|---|---|---|\n{steps}\n\n"
+    )
+
+
+def cluster_check_rows(check: dict) -> tuple[list[str], list[list[str]]]:
+    """The table of the nodes the cluster check found: worker, address, then each package's version.
+    (A package that did not import failed the check, which then wrote no stats.)"""
+    packages = list(dict.fromkeys(package for node in check["nodes"] for package in node.get("versions", {})))
+    rows = [
+        [
+            str(node.get("worker", "?")),
+            node.get("address", "?"),
+            *(node.get("versions", {}).get(package, "?") for package in packages),
+        ]
+        for node in check["nodes"]
+    ]
+    return ["worker", "address", *packages], rows
+
+
+def cluster_check_findings(check: dict) -> list[str]:
+    """The cluster check's verdicts in words: the workers' addresses, YARN's limits against an executor."""
+    distinct = check.get("distinct_addresses")
+    addresses = (
+        "?"
+        if distinct is None
+        else "each training worker on a node of its own"
+        if distinct
+        else "training workers sharing a node"
+    )
+    yarn, executor = check.get("yarn"), check.get("executor_mb") or {}
+    asked = " + ".join(f"{key} {figure(value)} MB" for key, value in executor.items()) or "?"
+    limits = (
+        "; ".join(f"{key} {figure(value)} MB" for key, value in yarn.items())
+        if yarn
+        else f"no YARN to check against (master {check.get('master') or '?'})"
+    )
+    return [f"addresses: {addresses}", f"an executor asks for {asked}", f"YARN's limits: {limits}"]
+
+
+def cluster_check_text(check: dict) -> str:
+    headings, rows = cluster_check_rows(check)
+    table = "\n".join("| " + " | ".join(row) + " |" for row in rows)
+    findings = "\n".join(f"- {line}" for line in cluster_check_findings(check))
+    return (
+        f"## Cluster check\n\nWhat the {CLUSTER_CHECK.name} step found on the core nodes before the first stage.\n\n"
+        f"{findings}\n\n| {' | '.join(headings)} |\n|{'---|' * len(headings)}\n{table}\n\n"
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jinja2
 
-from include.report import figure, files_text
+from include.report import cluster_check_findings, cluster_check_rows, figure, files_text
 
 TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = "report.html.j2"
@@ -229,7 +229,17 @@ def page(report: dict) -> dict:
         "timeline": timeline(report),
         "spark": spark_table(report),
         "settings": settings_rows(report),
+        "cluster_check": cluster_check(report),
     }
+
+
+def cluster_check(report: dict) -> dict | None:
+    """The cluster check's findings and table of nodes; None for a run without it."""
+    check = report.get("cluster_check")
+    if not check:
+        return None
+    headings, rows = cluster_check_rows(check)
+    return {"findings": cluster_check_findings(check), "headings": headings, "rows": rows}
 
 
 def environment() -> jinja2.Environment:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from pipeline.config import ConfigError
+from pipeline.errors import shown
 
 
 def cron_timetable(schedule: str):
@@ -24,7 +25,7 @@ def cron_timetable(schedule: str):
         timetable.validate()
     except AirflowTimetableInvalid as error:
         raise ConfigError(
-            f"invalid configuration: schedule: {error} (got {schedule!r}); it takes a cron expression such as "
+            f"invalid configuration: schedule: {error} (got {shown(schedule)}); it takes a cron expression such as "
             "'0 3 * * 1' (UTC), a preset such as @daily or @weekly, or null for none"
         ) from None
     return timetable

@@ -5,7 +5,8 @@
 `pip download` of spark_jobs/requirements.txt, constrained by requirements.txt, as wheels for the
 nodes (CPython 3.11 on x86_64 Amazon Linux 2023), uploaded to
 s3://{emr.code_prefix}/wheelhouse/{hash}/, the hash being that of the two files' contents. The
-manifest is uploaded last: a wheelhouse without one is unfinished and taken as absent.
+manifest, with each wheel's size and sha256, is uploaded last: a wheelhouse without one is
+unfinished and taken as absent.
 include/config/bootstrap.sh installs from it offline; the DAG's prepare task builds it when it is
 missing (`ensure`). docs/emr.md.
 """
@@ -13,6 +14,7 @@ missing (`ensure`). docs/emr.md.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import subprocess
@@ -23,8 +25,8 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from include import emr
-from include.emr import split_s3_uri
+from include import emr_code
+from include.emr_code import split_s3_uri
 from pipeline import lake
 from pipeline.config import PipelineConfig
 from pipeline.errors import PipelineError
@@ -47,7 +49,7 @@ PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(GLIBC_MINOR, 4, -1
 
 def download_argv(dest: Path, find_links: Path | None = None) -> list[str]:
     """pip download for the nodes; `find_links` replaces the index (PyPI, or pip's configured one)."""
-    requirements, constraints = emr.requirement_files()
+    requirements, constraints = emr_code.requirement_files()
     argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(dest)]
     argv += ["-r", str(requirements), "-c", str(constraints), "--only-binary=:all:"]
     argv += ["--implementation", "cp", "--python-version", PYTHON_VERSION, "--abi", ABI]
@@ -94,8 +96,15 @@ def upload(wheels: list[Path], uri: str, s3_client) -> None:
         "platforms": PLATFORMS,
         "built": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wheels": {wheel.name: wheel.stat().st_size for wheel in wheels},
+        # bootstrap.sh checks each wheel against its sha256 before installing any.
+        "sha256": {wheel.name: sha256(wheel) for wheel in wheels},
     }
     write_manifest(manifest, uri, s3_client)
+
+
+def sha256(path: Path) -> str:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def write_manifest(manifest: dict, uri: str, s3_client) -> None:
@@ -107,7 +116,7 @@ def write_manifest(manifest: dict, uri: str, s3_client) -> None:
 def ensure(config: PipelineConfig, s3_client) -> str:
     """The run's wheelhouse on S3, built and uploaded first when it is not there (a changed
     requirements file, a new code_prefix). Returns its URI."""
-    uri = emr.wheelhouse_uri(config.emr.code_prefix)
+    uri = emr_code.wheelhouse_uri(config.emr.code_prefix)
     if is_complete(s3_client, uri):
         log.info("wheelhouse: %s", uri)
         return uri
@@ -117,8 +126,8 @@ def ensure(config: PipelineConfig, s3_client) -> str:
             wheels = build(Path(folder))
         except PipelineError as error:
             raise PipelineError(
-                f"{error}; the EMR nodes install from {uri}: build it with `{emr.WHEELHOUSE_BUILD_COMMAND}` where PyPI "
-                "(or pip's configured index) is reachable"
+                f"{error}; the EMR nodes install from {uri}: build it with `{emr_code.WHEELHOUSE_BUILD_COMMAND}` "
+                "where PyPI (or pip's configured index) is reachable"
             ) from None
         upload(wheels, uri, s3_client)
     log.info("wheelhouse: %s uploaded (%d wheels)", uri, len(wheels))
@@ -126,7 +135,7 @@ def ensure(config: PipelineConfig, s3_client) -> str:
 
 
 def default_dest() -> Path:
-    return Path.home() / ".cache" / "gpt-pipeline" / "wheelhouse" / emr.requirements_hash()
+    return Path.home() / ".cache" / "gpt-pipeline" / "wheelhouse" / emr_code.requirements_hash()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_upload:
             import boto3
 
-            uri = emr.wheelhouse_uri(args.code_prefix or load_config().emr.code_prefix)
+            uri = emr_code.wheelhouse_uri(args.code_prefix or load_config().emr.code_prefix)
             upload(wheels, uri, boto3.client("s3"))
             print(f"uploaded to {uri}")
     except PipelineError as error:

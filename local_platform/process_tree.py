@@ -34,13 +34,13 @@ def parents_and_states() -> dict[int, tuple[int, str]]:
     return found
 
 
-def descendants() -> list[int]:
-    """Pids of every live process below this one, parents first."""
+def descendants(root: int | None = None) -> list[int]:
+    """Pids of every live process below `root` (this process), parents first."""
     children: dict[int, list[int]] = {}
     for pid, (parent, state) in parents_and_states().items():
         if state != "Z":
             children.setdefault(parent, []).append(pid)
-    found, todo = [], [os.getpid()]
+    found, todo = [], [os.getpid() if root is None else root]
     while todo:
         for child in sorted(children.get(todo.pop(0), [])):
             found.append(child)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import signal
 import sys
 from datetime import datetime, timezone
@@ -22,7 +21,7 @@ from pipeline.config import ConfigError, PipelineConfig, to_uri
 from pipeline.config_files import defaults_path, load_config, read_yaml, validate
 from pipeline.errors import PipelineError
 from pipeline.overrides import add_set_argument, apply_overrides
-from pipeline.stages import STAGE_NAMES, by_name
+from pipeline.stages import STAGE_NAMES, by_name, select
 
 
 def describe(stage: str, stats: dict) -> list[str]:
@@ -61,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_set_argument(parser)
     parser.add_argument(
         "--run-id",
+        type=run_id_argument,
         help="run folder name (default: {run_name}-{UTC timestamp}); an existing run keeps its settings, "
         "--corpus and --set change them",
     )
@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated stages to run; they run in pipeline order (default: all)",
     )
     return parser.parse_args(argv)
+
+
+def run_id_argument(text: str) -> str | None:
+    """--run-id as the run folder's name (run_folder.safe_run_id), which is all the runner uses;
+    empty, a new run."""
+    return run_folder.safe_run_id(text) if text else None
 
 
 def chosen_stages(names: str) -> tuple[str, ...]:
@@ -129,8 +135,8 @@ def existing_run_config(config_path: str | None, overrides: list, run_id: str) -
         lake_uri = to_uri(str(settings.get("lake") or ""))
     except ValueError:
         return None  # a bad lake: the config model names it
-    uri = lake.join(run_folder.runs_folder(lake_uri), run_folder.safe_run_id(run_id), run_folder.CONFIG_FILE)
-    return json.loads(lake.read_text(uri)) if lake.exists(uri) else None
+    run = lake.join(run_folder.runs_folder(lake_uri), run_id)
+    return run_folder.read_config_data(run) if lake.exists(lake.join(run, run_folder.CONFIG_FILE)) else None
 
 
 def interrupt(_signum, _frame) -> None:
@@ -155,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             args.run_id and lake.exists(lake.join(run_folder.run_dir(config, args.run_id), run_folder.CONFIG_FILE))
         ):
             check_new_run_has_inputs(stages, args.run_id)
-        sizes = corpus_files.corpus_files(config) if "tokenize" in stages else None
+        sizes = corpus_files.corpus_files(config) if any(stage.reads_corpus for stage in select(stages)) else None
         if exposed := preflight.check_run(config, sizes, stages).exposure:
             print(f"WARNING {exposed}", file=sys.stderr)
         run_id = args.run_id or new_run_id(config, f"{config.run_name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")

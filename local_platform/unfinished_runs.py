@@ -4,7 +4,7 @@ Airflow home, so that Airflow neither resumes them later nor queues new runs beh
 
     AIRFLOW_HOME=... python -m local_platform.unfinished_runs DAG_ID [RUN_ID ...]
 
-local_platform/airflow_runner.py runs it, with the home's environment, while it holds the home, so no
+local_platform/airflow_home.py runs it, with the home's environment, while it holds the home, so no
 other command can be running them. It marks each run failed as the UI's "Mark as failed" does:
 unfinished task instances become failed or skipped.
 """

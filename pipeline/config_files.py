@@ -1,12 +1,11 @@
 """The configuration's files and entry points: the defaults file (include/config/pipeline.yaml, or
-the one GPT_PIPELINE_CONFIG names), `load_config` (read it, apply overrides, validate), `validate`
-for data and `from_json` for a run's resolved config.json. A problem raises ConfigError naming the
-field or the file.
+the one GPT_PIPELINE_CONFIG names), `load_config` (read it, apply overrides, validate) and `validate`
+for data (a run's resolved config.json is pipeline.run_folder.read_config's). A problem raises
+ConfigError naming the field or the file.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -14,10 +13,13 @@ import yaml
 from pydantic import ValidationError
 
 from pipeline.config import REPO_ROOT, ConfigError, PipelineConfig
+from pipeline.errors import SHOWN_CHARS, cut, name_some, shown
 from pipeline.overrides import apply_overrides, closest_settings
 from pipeline.strict_yaml import parse_yaml
 
 DEFAULT_CONFIG_PATH = REPO_ROOT / "include" / "config" / "pipeline.yaml"
+PROBLEMS_SHOWN = 5  # a list of ten thousand wrong items is named by its first few
+LONGEST_CHECK_MESSAGE = 4 * SHOWN_CHARS  # the checks' own messages, whatever values they repeat
 
 
 def defaults_path() -> Path:
@@ -35,17 +37,18 @@ def validate(data: dict) -> PipelineConfig:
 
 
 def _describe(error: ValidationError) -> str:
+    """The problems in one line: the first few, each naming its setting, with the value it got cut short."""
     lines = []
     for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"])
-        message = item["msg"].removeprefix("Value error, ")
+        field = cut(".".join(str(part) for part in item["loc"]))
+        message = cut(item["msg"].removeprefix("Value error, "), LONGEST_CHECK_MESSAGE)
         if item["type"] == "extra_forbidden":
             message = "unknown key" + "".join(f" (did you mean {known}?)" for known in closest_settings(field)[:1])
         elif "input" in item and not isinstance(item["input"], dict):
-            message += f" (got {item['input']!r})"
+            message += f" (got {shown(item['input'])})"
         # A check across fields (loc empty) names its fields itself.
         lines.append(f"{field}: {message}" if field else message)
-    return "invalid configuration: " + "; ".join(lines)
+    return "invalid configuration: " + name_some(lines, shown=PROBLEMS_SHOWN, separator="; ")
 
 
 def read_yaml(path: Path | str) -> dict:
@@ -63,11 +66,3 @@ def load_config(path: Path | str | None = None, overrides: list[str] | dict | No
     """Read the YAML defaults, apply overrides, validate."""
     data = read_yaml(path or defaults_path())
     return validate(apply_overrides(data, overrides))
-
-
-def from_json(text: str) -> PipelineConfig:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"resolved config is not valid JSON: {error}") from None
-    return validate(data)

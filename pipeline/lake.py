@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 import shutil
 import uuid
 from functools import lru_cache
@@ -106,24 +107,38 @@ def write_bytes(uri: str, data: bytes) -> None:
         file.stream.write(data)
 
 
+def temporary_name(name: str) -> str:
+    """An AtomicFile's name while it is written: hidden (a leading '.'), so Spark and the readers
+    of a folder leave it out, and unique, so two writers never share one."""
+    return f".{name}.tmp-{uuid.uuid4().hex}"
+
+
+TEMPORARY_NAME = re.compile(r"\..+\.tmp-[0-9a-f]{32}")
+
+
+def is_temporary(path: str) -> bool:
+    """Whether a path names an AtomicFile that is being written, or that a killed writer left."""
+    return TEMPORARY_NAME.fullmatch(posixpath.basename(path)) is not None
+
+
 class AtomicFile:
-    """A file written to the lake whole or not at all: locally under a hidden temporary name (which
-    Spark and readers of the folder ignore), renamed when committed; on S3 the object appears when
-    its upload completes. An aborted file is deleted."""
+    """A file written to the lake whole or not at all: under a temporary name beside it
+    (temporary_name), moved to its own name when committed. An aborted file's temporary one is
+    deleted, and the file it would have replaced stays as it was. On S3 too, where the move is a
+    copy: closing an upload completes it, so an upload to the name itself would put half a file
+    there, and deleting that would take the previous good one (a training's last backup) with it."""
 
     def __init__(self, uri: str):
         self.uri = uri
         self.fs, self.path = filesystem(uri)
         folder, name = posixpath.split(self.path)
         self.fs.create_dir(folder, recursive=True)
-        self.local = isinstance(self.fs, pafs.LocalFileSystem)
-        self.target = posixpath.join(folder, f".{name}.tmp-{uuid.uuid4().hex}") if self.local else self.path
+        self.target = posixpath.join(folder, temporary_name(name))
         self.stream = self.fs.open_output_stream(self.target)
 
     def commit(self) -> None:
         self.stream.close()
-        if self.local:
-            self.fs.move(self.target, self.path)
+        move_file(self.fs, self.target, self.path)
 
     def abort(self) -> None:
         if not self.stream.closed:

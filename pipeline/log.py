@@ -16,12 +16,25 @@ sys.stderr at each line, not once, so that a test capturing them (capsys) sees t
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 # The loggers whose records are the stage applications' lines: those of every module they run.
 ROOTS = ("spark_jobs", "pipeline")
 NOTE = logging.INFO + 5
 logging.addLevelName(NOTE, "NOTE")
+
+
+# The characters a terminal takes as commands (C0 but tab and line ends, DEL, C1): printed as
+# they are, a model's or a file's text could clear the screen, retitle or recolour the terminal,
+# or hide what it printed before (a carriage return not ending a line) or after.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]|\r(?!\n)")
+
+
+def printable(text: str) -> str:
+    """text as a terminal shows it harmlessly: each control character as its escape (ESC as \\x1b),
+    tabs and line ends (\\n, \\r\\n) as they are."""
+    return CONTROL_CHARACTERS.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
 class CurrentStream(logging.StreamHandler):

@@ -13,9 +13,11 @@ from typing import Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from pipeline.config import ConfigError, PipelineConfig
-from pipeline.strict_yaml import parse_yaml
+from pipeline.errors import cut, shown
+from pipeline.strict_yaml import Refused, parse_yaml
 
 
 def apply_overrides(data: dict, overrides: list[str | dict] | dict | None) -> dict:
@@ -34,7 +36,7 @@ def apply_overrides(data: dict, overrides: list[str | dict] | dict | None) -> di
         for part in path[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"override {text!r}: {part} is not a section")
+                raise ConfigError(f"override {shown(text)}: {cut(part)} is not a section")
             node = child
         node[path[-1]] = value
     return data
@@ -45,15 +47,22 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     cannot parse (e.g. schedule=@weekly) stays a string, and so does an unquoted value with a '#'
     in it (lake=/data/lake #2), which YAML would cut at the '#' as a comment. A text setting takes
     the text as typed whatever YAML makes of it: generate.prompt=yes is 'yes', not True, and
-    generate.prompt=ROMEO: Hark is not a mapping."""
+    generate.prompt=ROMEO: Hark is not a mapping. YAML's anchors and aliases are refused (a text
+    setting takes them as typed)."""
     key, sep, raw = text.partition("=")
     path, raw = key.strip().split("."), raw.strip()
     if not sep or not key.strip():
-        raise ConfigError(f"override {text!r} is not of the form section.key=value (quote a value that holds spaces)")
+        raise ConfigError(
+            f"override {shown(text)} is not of the form section.key=value (quote a value that holds spaces)"
+        )
     if "#" in raw and raw[:1] not in ("'", '"'):
         return path, raw
     try:
         value = parse_yaml(raw) if raw else ""
+    except Refused as refused:
+        if _takes_text(path):
+            return path, raw
+        raise ConfigError(f"invalid configuration: {cut(key.strip())}: {refused.problem}") from None
     except yaml.YAMLError:
         return path, raw
     if value is not None and not isinstance(value, str) and _takes_text(path):
@@ -93,11 +102,6 @@ def add_set_argument(parser: argparse.ArgumentParser, help_prefix: str = "") -> 
     )
 
 
-# Read from pipeline.yaml when Airflow parses the DAG, so a run (its form, SET) cannot change them:
-# they shape the DAG itself (its tasks, its schedule, the model asset's URI).
-DAG_SETTINGS = ("target", "schedule", "s3.bucket", "s3.prefix")
-
-
 def setting(data: dict, name: str) -> Any:
     """The value of a dotted setting name in a config's data (None where there is none):
     setting(data, "emr.region")."""
@@ -106,15 +110,21 @@ def setting(data: dict, name: str) -> Any:
     )
 
 
-def field_annotation(path: list[str]) -> Any:
-    """The type of the setting at path (["train", "learning_rate"] -> float), None for no such setting."""
+def field_info(path: list[str]) -> FieldInfo | None:
+    """The schema's field of the setting at path (["train", "learning_rate"]): its type and
+    constraints; None for no such setting."""
     section: type[BaseModel] = PipelineConfig
     for part in path[:-1]:
         field = section.model_fields.get(part)
         if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
             return None
         section = field.annotation
-    field = section.model_fields.get(path[-1])
+    return section.model_fields.get(path[-1])
+
+
+def field_annotation(path: list[str]) -> Any:
+    """The type of the setting at path (["train", "learning_rate"] -> float), None for no such setting."""
+    field = field_info(path)
     return None if field is None else field.annotation
 
 

@@ -1,7 +1,8 @@
 """Stage generate: continue the configured prompt with the trained model; writes samples.txt.
 
-Also a command line for any saved model folder (a run's model/, local path or URI), or for the
-model a latest pointer written by the DAG's promote task points at:
+Also a command line for any saved model folder (a run's model/, or its Hugging Face GPT-2 folder
+model/hf/; local path or URI), or for the model a latest pointer written by the DAG's promote task
+points at:
 
     python -m spark_jobs.generate --model-dir lake/runs/<run_id>/model --prompt "ROMEO:" --seed 3
     python -m spark_jobs.generate --latest s3://gpt-pipeline/runs/latest/tinyshakespeare.json
@@ -22,23 +23,30 @@ from pipeline import lake, run_folder
 from pipeline.config import GenerateConfig, PipelineConfig, to_uri
 from pipeline.config_files import load_config
 from pipeline.errors import PipelineError
-from spark_jobs.model import sampler
+from pipeline.log import printable
+from spark_jobs.model import export_hf, sampler
 from spark_jobs.spark.stage_app import run_stage
 from spark_jobs.text import bpe
 from spark_jobs.training import tensorboard_log
 
 
 def load_model(model_folder: str):
-    """The Keras model and the tokenizer saved by the train stage, from a model folder's path or URI."""
+    """The Keras model and the tokenizer saved by the train stage, from a model folder's path or
+    URI, or from a Hugging Face GPT-2 folder (the model folder's hf/, spark_jobs.model.export_hf)."""
     import keras
     from tokenizers import Tokenizer
 
-    import spark_jobs.model.decoder  # noqa: F401  registers the decoder's layers for loading
+    import spark_jobs.model.layers  # noqa: F401  registers the decoder's layers for loading
 
     model_uri = to_uri(str(model_folder))
+    if not lake.exists(lake.join(model_uri, run_folder.MODEL_FILE)) and export_hf.is_hf_folder(model_uri):
+        return export_hf.read_hf_folder(model_uri)
     for name in (run_folder.MODEL_FILE, run_folder.MODEL_TOKENIZER_FILE):
         if not lake.exists(lake.join(model_uri, name)):
-            raise PipelineError(f"{model_uri} holds no {name}: is it a model folder written by the train stage?")
+            raise PipelineError(
+                f"{model_uri} holds no {name}: is it a model folder written by the train stage, or its "
+                f"{run_folder.MODEL_HF_FOLDER}/?"
+            )
     with tempfile.TemporaryDirectory(prefix="gpt-pipeline-model-") as local:
         model = keras.saving.load_model(
             lake.download_file(lake.join(model_uri, run_folder.MODEL_FILE), Path(local) / run_folder.MODEL_FILE)
@@ -133,7 +141,7 @@ def generate_stage(spark, config: PipelineConfig, run: str) -> dict:
     tokens = sum(len(tokens) for tokens in new)
     lake.write_text(lake.join(run, run_folder.SAMPLES_PATH), text + "\n")
     tensorboard_log.write_samples(run, trained["steps"], texts)  # beside the training's curves, at its last step
-    print(text, flush=True)
+    print(printable(text), flush=True)  # the samples.txt keeps the text as it is
     return {
         "prompt": config.generate.prompt,
         "new_tokens": config.generate.max_new_tokens,
@@ -190,7 +198,7 @@ def cli(argv: list[str]) -> int:
         block_size = model.get_layer("embedding").block_size
         if not 1 <= window_slide <= block_size:
             raise PipelineError(f"--window-slide {window_slide}: must be between 1 and the block size {block_size}")
-        print(samples(model, tokenizer, config.generate, window_slide))
+        print(printable(samples(model, tokenizer, config.generate, window_slide)))
     except (PipelineError, OSError) as error:  # OSError: a model or pointer that cannot be read
         print(f"ERROR {error}", file=sys.stderr)
         return 2

@@ -23,9 +23,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline import log, run_folder, stages
+from pipeline import log, run_folder
 from pipeline.config import PipelineConfig
 from pipeline.errors import PipelineError
+from spark_jobs.spark.nodes import host_of, needs_distinct_hosts, node_host, shared_hosts_error
 from spark_jobs.spark.stage_app import run_stage
 from spark_jobs.training import input_pipeline, trainer
 
@@ -35,8 +36,7 @@ logger = logging.getLogger("spark_jobs.train")
 
 
 def train(spark, config: PipelineConfig, run: str) -> dict:
-    for stage in stages.by_name("train").inputs:
-        run_folder.require_stage(run, stage)
+    run_folder.require_inputs(run, "train")
     input_pipeline.read_manifest(run, config)  # bad input fails here, before any worker starts
     warnings = settings_warnings(config)
     for message in warnings:
@@ -97,30 +97,6 @@ def settings_warnings(config: PipelineConfig) -> list[str]:
     ]
 
 
-def needs_distinct_hosts(master: str) -> bool:
-    """Whether each training worker must have a node of its own: on a cluster (YARN on EMR, a Spark
-    standalone master in the rehearsal), where two workers on one node would share its vCPUs and
-    memory, each sized for one; not on local[N], whose workers share this machine by design."""
-    return master.startswith(("yarn", "spark://"))
-
-
-def shared_hosts_error(addresses: list[str]) -> str | None:
-    """What is wrong when some workers' host:port addresses (by worker index) share a host, else None."""
-    hosts = [address.rsplit(":", 1)[0] for address in addresses]
-    shared = sorted({host for host in hosts if hosts.count(host) > 1})
-    if not shared:
-        return None
-    sharing = "; ".join(
-        f"workers {', '.join(str(index) for index, name in enumerate(hosts) if name == host)} on {host}"
-        for host in shared
-    )
-    return (
-        f"the training workers must run on distinct nodes, but {sharing} (hosts by worker: {', '.join(hosts)}): "
-        "train.num_workers must not exceed the cluster's nodes (emr.core_instance_count), each of whose executors "
-        "must own the whole node (include/emr.py train_resources)"
-    )
-
-
 def train_task(run: str, distinct_hosts: bool) -> dict:
     """One barrier task: agree on the cluster with the other tasks, then run a training worker.
     Workers that share a node when they should not stop before TensorFlow starts, every one of
@@ -132,25 +108,17 @@ def train_task(run: str, distinct_hosts: bool) -> dict:
     index = context.partitionId()
     host = node_host(context, index)
     addresses = context.allGather(f"{host}:{free_port(host)}")  # ordered by partition id
-    error = shared_hosts_error(addresses) if distinct_hosts else None
+    hosts = [host_of(address) for address in addresses]
+    error = shared_hosts_error(hosts) if distinct_hosts else None
     if error:
         return {"worker": index, "error": error}
     tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
-    workers_on_host = sum(address.rsplit(":", 1)[0] == host for address in addresses)
+    workers_on_host = hosts.count(host)
     threads = max(1, (os.cpu_count() or 1) // workers_on_host)
     result = run_worker_process(run, tf_config, threads)
     result["task_attempt"] = context.attemptNumber()
     result["host"] = host
     return result
-
-
-def node_host(context, index: int) -> str:
-    """The address this task's node is reached at. Each task says its own (allGather spreads it):
-    SPARK_LOCAL_IP when the node's Spark has one, as the executors of a Spark standalone worker bound
-    to its own address inherit it (BarrierTaskInfo.address names the driver's side of the executor's
-    connection there, 127.0.0.1 for every node of the EMR rehearsal), else the address Spark knows the
-    task's executor by (YARN's node, or the local machine)."""
-    return os.environ.get("SPARK_LOCAL_IP") or context.getTaskInfos()[index].address.rsplit(":", 1)[0]
 
 
 def free_port(host: str = "") -> int:

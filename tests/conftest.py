@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# The suite's parts (make check, make test) and the guard that a test starts only what it is marked for.
+pytest_plugins = ("tests.layers",)
+
 # Airflow reads its home and database when first imported: give the test session its own.
 AIRFLOW_HOME = tempfile.mkdtemp(prefix="gpt-pipeline-test-airflow-")
 atexit.register(shutil.rmtree, AIRFLOW_HOME, ignore_errors=True)
@@ -19,8 +22,16 @@ from local_platform.moto_s3 import MACHINE_AWS_SETTINGS  # noqa: E402
 
 # No test reads this machine's pipeline or AWS settings, or reaches AWS: a client that no test
 # pointed at its moto server gets made-up keys and an endpoint where nothing listens.
-for name in ("GPT_PIPELINE_CONFIG", "GPT_PIPELINE_AIRFLOW_HOME", *MACHINE_AWS_SETTINGS):
+for name in (
+    "GPT_PIPELINE_CONFIG",
+    "GPT_PIPELINE_AIRFLOW_HOME",
+    "AIRFLOW_VAR_MLFLOW_TRACKING_URI",
+    *MACHINE_AWS_SETTINGS,
+):
     os.environ.pop(name, None)
+# The local commands a test starts track their runs in a store of the session's, never the checkout's
+# mlflow/ or a `make mlflow` server of the machine's.
+os.environ["GPT_PIPELINE_MLFLOW_URI"] = f"sqlite:///{AIRFLOW_HOME}/mlflow/mlflow.db"
 os.environ.update(
     {
         "AWS_ACCESS_KEY_ID": "testing",
@@ -32,6 +43,11 @@ os.environ.update(
         "AWS_ENDPOINT_URL": "http://127.0.0.1:1",
     }
 )
+
+from tests.subprocess_env import drop_outer_command  # noqa: E402
+
+# `make test ARGS=…` (or CORPUS, SET, PYTEST_ADDOPTS…) reaches no process a test starts.
+drop_outer_command(os.environ)
 
 from pipeline import run_folder  # noqa: E402
 from pipeline.config import SHARED_CORPUS, PipelineConfig  # noqa: E402
@@ -77,3 +93,37 @@ def small_config(tmp_path: Path, corpus: Path | str, overrides: list | None = No
 
 def new_run(config: PipelineConfig, run_id: str = "test-run") -> str:
     return run_folder.create_run(config, run_id)
+
+
+@pytest.fixture(scope="session")
+def code_dir(tmp_path_factory) -> Path:
+    """The code spark-submit ships, packaged once for the session."""
+    from include.spark_submit import package_code
+
+    folder = tmp_path_factory.mktemp("code")
+    package_code(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def preprocessed(tmp_path_factory, shakespeare, code_dir):
+    """A run folder through the four preprocessing applications (each a real spark-submit) on two
+    files cut from the first ~60 kB of tinyshakespeare: read by tests/e2e/test_preprocess.py, and
+    copied by the training tests. Returns the config, the run folder and each file's text."""
+    from local_platform import stage_runner
+    from pipeline.stages import PREPROCESSING_STAGES
+
+    tmp = tmp_path_factory.mktemp("preprocessed")
+    text = shakespeare.read_text(encoding="utf-8")[:60_000]
+    text = text[: text.rfind("\n") + 1]
+    middle = text.rfind("\n", 0, 40_000) + 1
+    folder = tmp / "corpus"
+    folder.mkdir()
+    texts = {"a.txt": text[:middle], "b.txt": text[middle:]}
+    for name, part in texts.items():
+        (folder / name).write_text(part, encoding="utf-8")
+    config = small_config(tmp, folder / "*.txt")
+    run = new_run(config, "e2e")
+    for stage in PREPROCESSING_STAGES:
+        stage_runner.submit_stage(stage, config, run, code_dir)
+    return config, run, {(folder / name).as_uri(): part for name, part in texts.items()}

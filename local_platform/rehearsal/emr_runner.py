@@ -400,7 +400,7 @@ class ClusterPlay(threading.Thread):
             "TMPDIR": str(folder),
         }
         # The exit status goes through a file: the command that runs the rehearsal may reap this
-        # process's ended children itself (airflow_runner, as a subreaper, collects orphans).
+        # process's ended children itself (airflow_command, as a subreaper, collects orphans).
         exit_file = folder / "exit-status"
         wrapped = ["sh", "-c", f'"$@"; echo $? > {exit_file}', "command-runner", *argv]
         with open(stdout, "wb") as out, open(stderr, "wb") as err:

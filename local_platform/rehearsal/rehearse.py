@@ -5,8 +5,10 @@
 Airflow's `dags test` runs the DAG with target emr; its AWS connection points at a moto server
 in this process, whose S3 holds the corpus (uploaded from the local files), the lake, the code and
 the EMR logs, and whose EMR API is played by emr_runner on a Spark standalone cluster of loopback
-nodes. It ends with `make run`'s summary, the cluster's id, each step's state and seconds, and
-what the configured cluster would have cost on AWS for that long. docs/rehearsal.md.
+nodes. Before the server ends, its buckets are kept on disk under rehearsals/ (keep.py). It ends
+with `make run`'s summary, pointing at the kept copy, the cluster's id, each step's state and
+seconds, and what the configured cluster would have cost on AWS for that long; a failed rehearsal,
+with why its first failed task failed. docs/rehearsal.md.
 """
 
 from __future__ import annotations
@@ -22,13 +24,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import boto3
-import yaml
 from botocore.config import Config
 
-from include import emr, emr_checks, loopback_only, wheelhouse
-from local_platform import airflow_runner, console
+from include import emr_checks, emr_code, emr_cost, loopback_only, wheelhouse
+from local_platform import airflow_home, console, deployment_file, mlflow_local
+from local_platform.airflow_command import Stopped
+from local_platform.command_settings import add_settings_arguments, add_verbose_argument, settings
+from local_platform.dag_test import dags_test, latest_pointer, read_report
 from local_platform.moto_s3 import REGION, LocalS3
 from local_platform.rehearsal.emr_runner import EmrRehearsalRunner, split_s3
+from local_platform.rehearsal.keep import REHEARSALS, keep_buckets, kept_path
+from local_platform.run_summary import print_report
 from pipeline import corpus_files, lake
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
@@ -62,7 +68,7 @@ def seed_wheelhouse(config: PipelineConfig, s3_client) -> None:
     and builds nothing (that would need PyPI, and the rehearsal has no network); the rehearsal
     checks the bootstrap, which would install it, without running it (docs/rehearsal.md)."""
     stand_in = {"rehearsal": "stand-in written by local_platform/rehearsal: no wheels, the bootstrap is not run"}
-    wheelhouse.write_manifest(stand_in, emr.wheelhouse_uri(config.emr.code_prefix), s3_client)
+    wheelhouse.write_manifest(stand_in, emr_code.wheelhouse_uri(config.emr.code_prefix), s3_client)
 
 
 class Rehearsal:
@@ -71,30 +77,33 @@ class Rehearsal:
 
     def __init__(self, corpus_files: list[str], overrides: list[str], home: Path | None = None, verbose: bool = False):
         self.corpus_files, self.overrides, self.verbose = corpus_files, overrides, verbose
-        self.home = home or airflow_runner.AIRFLOW_HOME
+        self.home = home or airflow_home.AIRFLOW_HOME
         self.log = console.log_path(self.home, "rehearse")
-        self.folder = Path(tempfile.mkdtemp(prefix="gpt-pipeline-rehearsal-"))
-        defaults = read_yaml(DEFAULT_CONFIG_PATH)
-        bucket = BUCKET
         names = [Path(lake.local_path(uri) if "://" in uri else uri).name for uri in corpus_files]
         if len(set(names)) != len(names):
             raise PipelineError(f"corpus: files of the same name ({', '.join(names)}) would overwrite each other on S3")
-        self.corpus_uris = [f"s3://{bucket}/{CORPUS_PREFIX}/{name}" for name in names]
-        self.defaults_path = self.folder / "pipeline-rehearsal.yaml"
-        self.defaults_path.write_text(
-            yaml.safe_dump(apply_overrides(defaults, rehearsal_settings(bucket, self.corpus_uris)), sort_keys=False)
-        )
-        self.dag_config = load_config(self.defaults_path)
-        self.config = load_config(self.defaults_path, overrides)  # a bad override stops here, before Airflow
+        self.corpus_uris = [f"s3://{BUCKET}/{CORPUS_PREFIX}/{name}" for name in names]
+        settings = apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), rehearsal_settings(BUCKET, self.corpus_uris))
+        self.folder = Path(tempfile.mkdtemp(prefix="gpt-pipeline-rehearsal-"))
+        # The one rehearsing is the deployer: their deployment settings are the DAG's own.
+        deployers, self.run_overrides = deployment_file.split(overrides)
+        self.defaults_path = deployment_file.write(self.folder / "pipeline-rehearsal.yaml", settings, None, deployers)
+        try:
+            self.dag_config = load_config(self.defaults_path)
+            self.config = load_config(self.defaults_path, overrides)  # a bad override stops here, before Airflow
+        except BaseException:  # no folder left behind
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
         self.s3: LocalS3 | None = None
         self.runner: EmrRehearsalRunner | None = None
         self.env: dict[str, str] = {}
+        self.tracking_uri = mlflow_local.tracking_uri()
 
     def __enter__(self) -> Rehearsal:
         self.held = ExitStack()  # the home, then the log
-        self.held.enter_context(airflow_runner.exclusive_home(self.home, "make rehearse"))
+        self.held.enter_context(airflow_home.exclusive_home(self.home, "make rehearse"))
         try:
-            task_state = airflow_runner.task_state(self.home)
+            task_state = airflow_home.task_state(self.home)
             self.output = self.held.enter_context(console.teed(self.log, task_state, self.verbose))
             self.s3 = LocalS3(buckets=tuple(sorted(emr_checks.bucket_settings(self.config)))).__enter__()
             for path, uri in zip(self.corpus_files, self.corpus_uris, strict=True):
@@ -105,16 +114,23 @@ class Rehearsal:
             connection = self.s3.connection_env()
             step_env = {name: value for name, value in connection.items() if not name.startswith("AIRFLOW_")}
             self.runner = EmrRehearsalRunner(self.s3.client, step_env, REGION).start()
-            self.env = airflow_runner.prepare(self.home, self.s3, self.output) | {
+            self.env = airflow_home.prepare(self.home, self.s3, self.output) | {
                 "GPT_PIPELINE_CONFIG": str(self.defaults_path)
             }
+            self.env |= mlflow_local.tracking_env(self.dag_config, self.tracking_uri)
         except BaseException:
             self.__exit__()
             raise
         return self
 
     def run(self) -> bool:
-        return airflow_runner.dags_test(self.env, {"overrides": self.overrides}, self.output)
+        return dags_test(self.env, {"overrides": self.run_overrides}, self.output)
+
+    def keep(self, parent: Path = REHEARSALS) -> Path:
+        """The moto server's buckets but the corpus uploaded from this machine, copied to a new
+        folder of parent named after the run's log."""
+        assert self.s3 is not None
+        return keep_buckets(self.s3.client(), parent, self.log.stem, leave_out=(f"{CORPUS_PREFIX}/",))
 
     def emr_client(self):
         assert self.s3 is not None
@@ -191,32 +207,52 @@ def print_cluster(rehearsal: Rehearsal) -> None:
                 for line in lines:
                     print(f"    | {line}")
         config = rehearsal.config
-        hourly = emr.hourly_cost_usd(config)
+        hourly = emr_cost.hourly_cost_usd(config)
         print(
             f"on AWS:           about ${hourly * hours:,.2f} for {hours * 60:,.1f} min at ${hourly:.2f}/hour "
             f"(1 {config.emr.master_instance_type} + {config.emr.core_instance_count} {config.emr.core_instance_type}; "
-            f"{emr.price_basis(config)}; "
+            f"{emr_cost.price_basis(config)}; "
             "EMR bills a minute at least, and this machine is slower than the cluster)"
         )
 
 
-def rehearse(corpus_files: list[str], overrides: list[str], verbose: bool = False) -> int:
-    with Rehearsal(corpus_files, overrides, verbose=verbose) as rehearsal:
+def keep_record(rehearsal: Rehearsal, parent: Path) -> Path | None:
+    """The rehearsal's buckets kept on disk; a disk that refuses them costs the copy, not the summary."""
+    try:
+        return rehearsal.keep(parent)
+    except OSError as error:
+        print(f"WARNING the rehearsal's record was not kept in {parent}: {error}", file=sys.stderr)
+        return None
+
+
+def rehearse(
+    corpus_files: list[str],
+    overrides: list[str],
+    verbose: bool = False,
+    home: Path | None = None,
+    kept_in: Path = REHEARSALS,
+) -> int:
+    with Rehearsal(corpus_files, overrides, home=home, verbose=verbose) as rehearsal:
         try:
             succeeded = rehearsal.run()
-        except airflow_runner.Stopped:
+        except Stopped:
             print("\ninterrupted: the rehearsal stops here", file=sys.stderr)
-            airflow_runner.fail_unfinished_runs(rehearsal.home, rehearsal.env)
+            airflow_home.fail_unfinished_runs(rehearsal.home, rehearsal.env)
             console.print_log_path(rehearsal.log)
             return 130
         rehearsal.end_clusters()
+        kept = keep_record(rehearsal, kept_in)
         if succeeded:
-            report = airflow_runner.read_report(rehearsal.s3, rehearsal.config)
-            airflow_runner.print_report(report, *airflow_runner.latest_pointer(rehearsal.s3, rehearsal.config))
+            report = read_report(rehearsal.s3, rehearsal.config)
+            if kept is not None:  # the server's run folder ends with the command
+                report["run_folder"] = kept_path(kept, report["run_folder"]).as_uri()
+            pointer = latest_pointer(rehearsal.s3, rehearsal.config)
+            print_report(report, *pointer, tracking=mlflow_local.describe(rehearsal.tracking_uri))
+        if kept is not None:
+            print(f"\n{'kept:':<18}{kept} (the moto server's s3://bucket/key as bucket/key, but the corpus)")
         print_cluster(rehearsal)
         if not succeeded:
-            console.print_log_path(rehearsal.log)
-            print(f"ERROR the {airflow_runner.DAG_ID} rehearsal failed; see the steps above", file=sys.stderr)
+            console.print_failure(rehearsal.log, rehearsal.output, "rehearsal")
             return 1
     return 0
 
@@ -252,11 +288,11 @@ def contain_or_accept_exposure(overrides: list[str], argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", help="corpus path or glob on this machine (empty: the one in pipeline.yaml)")
-    airflow_runner.add_settings_arguments(parser)
-    airflow_runner.add_verbose_argument(parser)
+    add_settings_arguments(parser)
+    add_verbose_argument(parser)
     args = parser.parse_args(argv)
     try:
-        overrides, corpus = airflow_runner.settings(args), local_corpus(args.corpus)
+        overrides, corpus = settings(args), local_corpus(args.corpus)
         if loopback_only.interfaces() != [loopback_only.LOOPBACK_INTERFACE]:
             contain_or_accept_exposure(overrides, sys.argv[1:] if argv is None else argv)
         return rehearse(corpus, overrides, args.verbose)

@@ -1,1 +1,2 @@
-"""The GPT-style decoder and its sampler."""
+"""The GPT-style decoder (layers.py: its layers; decoder.py: the model and its cached forward pass)
+and its sampler."""

@@ -1,22 +1,6 @@
-"""Fast sampling from the decoder: the prompt is run once (prefill), then every new token goes
-through one compiled step that reuses the keys and values of the earlier positions (a KV cache).
-
-The steps call the trained model's own layers (spark_jobs.model.decoder: the embedding tables, each
-DecoderBlock's norms, qkv, attention_out and MLP, the final norm and the output projection), so any
-saved model samples this way, with no change to its format; only the attention is written out here,
-one query against the cached keys.
-
-Shapes are fixed, so the two functions are traced and XLA-compiled once per batch size (positions
-are read with gathers, never slices: XLA would compile a slice again for every start it is given):
-
-- cache: float32 [n_layer, batch, block_size, 2, n_head, head_dim], the keys ([..., 0, :, :]) and
-  values ([..., 1, :, :]) of each position, laid out as the block's qkv projection reshapes them;
-  positions past the current one hold stale values that the causal mask hides.
-- prefill(ids int32 [batch, block_size], length int32 []) -> (logits [batch, vocab], cache): runs the
-  first `length` ids (the rest is padding, which causality keeps from the earlier positions) and
-  returns the next-token logits after position length - 1.
-- step(tokens int32 [batch], position int32 [], cache) -> (logits [batch, vocab], cache): puts the
-  tokens at `position`, writes their keys and values into the cache and returns the next logits.
+"""Sampling from the decoder: the picking rules, and the decode loop around the model's cached
+forward pass (spark_jobs.model.decoder.CachedDecoder: the prompt is run once, the prefill, then every
+new token goes through one compiled step that reuses the keys and values of the earlier positions).
 
 Past block_size. The model has learned absolute positions: a token is drawn from the last
 block_size tokens seen at positions 0..block_size-1. Once the text is longer, sliding the window by
@@ -30,11 +14,12 @@ slide. The window therefore slides by `window_slide` tokens at a time and is pre
   block_size - s + 1 and block_size tokens. An approximation (shorter contexts than the model's),
   to be asked for explicitly, e.g. block_size // 2.
 
-Picking runs in the compiled code too: `run` picks a token, writes it, steps, picks the next, ... in
-one XLA while loop, up to the end of the window, so Python is entered once per window, not once per
-token. A pick (greedy, top_k, top_p, with a temperature) draws with sample i's own random stream, a
-counter-based one (stateless Philox) keyed by (seed + i, index of the new token): the draw does not
-depend on the batch, on the window slide, or on how the loop is cut into calls.
+Picking runs in the compiled code too: the decode loop (`compiled_run`) picks a token, steps it in
+with the model's cached step (traced into the loop), picks the next, ... in one XLA while loop, up
+to the end of the window, so Python is entered once per window, not once per token. A pick (greedy,
+top_k, top_p, with a temperature) draws with sample i's own random stream, a counter-based one
+(stateless Philox) keyed by (seed + i, index of the new token): the draw does not depend on the
+batch, on the window slide, or on how the loop is cut into calls.
 
 Several samples are one batch, each drawn with its own random stream from its own logits: a sample
 does not depend on the others (beyond float rounding of a batched matrix product).
@@ -42,7 +27,6 @@ does not depend on the others (beyond float rounding of a batched matrix product
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -51,11 +35,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.compiler.tf2xla.python import xla
 
-from spark_jobs.model.decoder import DecoderBlock
+from spark_jobs.model.decoder import CachedDecoder, cached_decoder
 
-# What keras masks attention logits with (keras.src.backend.tensorflow.nn._get_large_negative):
-# the same value, so the cached step's softmax is the full pass's.
-LARGE_NEGATIVE = -0.7 * float(np.finfo(np.float32).max)
 STRATEGIES = ("greedy", "top_k", "top_p")
 # Lower temperatures pick as this one does: among the most likely tokens only (and no 0 / 0 = nan).
 MIN_TEMPERATURE = 1e-30
@@ -154,143 +135,72 @@ def pick(logits, known: int, rule: SamplingRule, seeds, index: int):
 _picks: dict[tuple, Callable] = {}
 
 
-class CachedDecoder:
-    """The compiled prefill and step of a Keras decoder (spark_jobs.model.decoder.build_decoder)."""
+_runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def __init__(self, model):
-        embedding = model.get_layer("embedding")
-        self.token_table, self.position_table = embedding.tokens, embedding.positions
-        self.block_size, self.dim = embedding.block_size, embedding.dim
-        self.blocks = [layer for layer in model.layers if isinstance(layer, DecoderBlock)]
-        self.final_norm, self.head = model.get_layer("final_norm"), model.get_layer("logits")
-        self.vocab_size = int(self.head.kernel.shape[-1])
-        self.n_head = self.blocks[0].n_head
-        self.head_dim = self.dim // self.n_head
-        self.scale = 1.0 / math.sqrt(self.head_dim)
-        self.cache_shape = [len(self.blocks), None, self.block_size, 2, self.n_head, self.head_dim]
-        cache = tf.TensorSpec(self.cache_shape, tf.float32)
-        self.prefill = tf.function(
-            self._prefill,
-            jit_compile=True,
-            input_signature=[tf.TensorSpec([None, self.block_size], tf.int32), tf.TensorSpec([], tf.int32)],
+
+def compiled_run(model, rule: SamplingRule) -> Callable:
+    """_run on the model's cached decoder for this rule, compiled once per model object,
+    compiled_key(rule) and batch size."""
+    runs = _runs.setdefault(model, {})
+    key = compiled_key(rule)
+    if key not in runs:
+        decoder = cached_decoder(model)
+        scalar, ratio = tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32)
+        run = tf.function(lambda *args: _run(decoder, rule, *args), jit_compile=True)
+        runs[key] = run.get_concrete_function(
+            tf.TensorSpec([None, decoder.vocab_size], tf.float32),  # logits
+            tf.TensorSpec(decoder.cache_shape, tf.float32),
+            scalar,  # position
+            scalar,  # steps
+            scalar,  # known
+            ratio,  # temperature
+            ratio,  # top_p
+            tf.TensorSpec([None], tf.int64),  # seeds
+            scalar,  # first_index
+            scalar,  # stop_id
+            tf.TensorSpec([None], tf.bool),  # ended
         )
-        self.step = tf.function(
-            self._step,
-            jit_compile=True,
-            input_signature=[tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32), cache],
+    return runs[key]
+
+
+def _run(
+    decoder: CachedDecoder,
+    rule: SamplingRule,
+    logits,
+    cache,
+    position,
+    steps,
+    known,
+    temperature,
+    top_p,
+    seeds,
+    first_index,
+    stop_id,
+    ended,
+):
+    """Up to `steps` new tokens of each sample: pick one from `logits` (those after position - 1),
+    step it in at `position`, pick the next, ...; the last pick is not stepped in (the caller
+    prefills next, or is done). Stops early once every sample has drawn stop_id (now or before:
+    `ended`). Returns (tokens int32 [B, block_size + 1], of which the first `count` columns are
+    new, count, cache, ended)."""
+    tokens = tf.zeros([tf.shape(logits)[0], decoder.block_size + 1], tf.int32)
+
+    def more(count, logits, cache, tokens, ended):
+        return (count < steps) & ~tf.reduce_all(ended)
+
+    def pick_and_step(count, logits, cache, tokens, ended):
+        picked = _pick(logits, known, rule, temperature, top_p, seeds, first_index + count)
+        tokens = xla.dynamic_update_slice(tokens, picked[:, None], [0, count])
+        ended = ended | (picked == stop_id)
+        logits, cache = tf.cond(
+            count + 1 < steps,
+            lambda: decoder.call_step(picked, position + count, cache),
+            lambda: (logits, cache),
         )
-        # Called as concrete functions with tensors, they skip tf.function's argument matching, which takes
-        # longer than a step's compiled work (~0.25 of ~0.4 ms here).
-        self.compiled_prefill = self.prefill.get_concrete_function()
-        self.compiled_step = self.step.get_concrete_function()
-        self.compiled_runs: dict[tuple, Callable] = {}
-        self.positions = [tf.constant(position, tf.int32) for position in range(self.block_size + 1)]
+        return count + 1, logits, cache, tokens, ended
 
-    def _attend(self, query, keys_values, position):
-        """query [B, 1, heads, head_dim] against the cached positions 0..position: [B, 1, heads, head_dim]."""
-        keys, values = keys_values[:, :, 0], keys_values[:, :, 1]
-        logits = tf.einsum("BTNH,BSNH->BNTS", query, keys) * self.scale
-        visible = tf.range(self.block_size) <= position
-        probabilities = tf.nn.softmax(tf.where(visible[None, None, None, :], logits, LARGE_NEGATIVE), axis=-1)
-        return tf.einsum("BNTS,BSNH->BTNH", probabilities, values)
-
-    def _finish_block(self, block, x, query, keys_values, position):
-        """x [B, 1, D] after the block, its query at `position` attending to the cache."""
-        batch = tf.shape(x)[0]
-        attended = tf.reshape(self._attend(query, keys_values, position), (batch, 1, self.dim))
-        x = x + block.attention_out(attended)
-        return x + block.mlp_out(block.mlp_in(block.mlp_norm(x)))
-
-    def _logits(self, x):
-        """x [B, 1, D] -> next-token logits [B, vocab]."""
-        return self.head(self.final_norm(x))[:, 0]
-
-    def _qkv(self, block, x):
-        batch, length = tf.shape(x)[0], tf.shape(x)[1]
-        return tf.reshape(block.qkv(block.attention_norm(x)), (batch, length, 3, self.n_head, self.head_dim))
-
-    def _prefill(self, ids, length):
-        x = tf.gather(self.token_table, ids) + self.position_table[None]
-        cache = []
-        last = length - 1
-        for index, block in enumerate(self.blocks):
-            qkv = self._qkv(block, x)
-            cache.append(qkv[:, :, 1:])
-            if index < len(self.blocks) - 1:  # every position, as the model's own DecoderBlock.call
-                x = block(x, training=False)
-            else:  # the last block only at the last position: the others feed no cache
-                query, x_last = tf.gather(qkv[:, :, 0], [last], axis=1), tf.gather(x, [last], axis=1)
-                x = self._finish_block(block, x_last, query, cache[-1], last)
-        return self._logits(x), tf.stack(cache)
-
-    def _step(self, tokens, position, cache):
-        x = (tf.gather(self.token_table, tokens) + tf.gather(self.position_table, position))[:, None]  # [B, 1, D]
-        layers = []
-        for index, block in enumerate(self.blocks):
-            qkv = self._qkv(block, x)
-            keys_values = xla.dynamic_update_slice(cache[index], qkv[:, :, 1:], [0, position, 0, 0, 0])
-            layers.append(keys_values)
-            x = self._finish_block(block, x, qkv[:, :, 0], keys_values, position)
-        return self._logits(x), tf.stack(layers)
-
-    def compiled_run(self, rule: SamplingRule) -> Callable:
-        """_run for this rule, compiled once per compiled_key(rule) and batch size."""
-        key = compiled_key(rule)
-        if key not in self.compiled_runs:
-            scalar, ratio = tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32)
-            run = tf.function(lambda *args: self._run(rule, *args), jit_compile=True)
-            self.compiled_runs[key] = run.get_concrete_function(
-                tf.TensorSpec([None, self.vocab_size], tf.float32),  # logits
-                tf.TensorSpec(self.cache_shape, tf.float32),
-                scalar,  # position
-                scalar,  # steps
-                scalar,  # known
-                ratio,  # temperature
-                ratio,  # top_p
-                tf.TensorSpec([None], tf.int64),  # seeds
-                scalar,  # first_index
-                scalar,  # stop_id
-                tf.TensorSpec([None], tf.bool),  # ended
-            )
-        return self.compiled_runs[key]
-
-    def _run(self, rule, logits, cache, position, steps, known, temperature, top_p, seeds, first_index, stop_id, ended):
-        """Up to `steps` new tokens of each sample: pick one from `logits` (those after position - 1),
-        step it in at `position`, pick the next, ...; the last pick is not stepped in (the caller
-        prefills next, or is done). Stops early once every sample has drawn stop_id (now or before:
-        `ended`). Returns (tokens int32 [B, block_size + 1], of which the first `count` columns are
-        new, count, cache, ended)."""
-        tokens = tf.zeros([tf.shape(logits)[0], self.block_size + 1], tf.int32)
-
-        def more(count, logits, cache, tokens, ended):
-            return (count < steps) & ~tf.reduce_all(ended)
-
-        def pick_and_step(count, logits, cache, tokens, ended):
-            picked = _pick(logits, known, rule, temperature, top_p, seeds, first_index + count)
-            tokens = xla.dynamic_update_slice(tokens, picked[:, None], [0, count])
-            ended = ended | (picked == stop_id)
-            logits, cache = tf.cond(
-                count + 1 < steps,
-                lambda: self._step(picked, position + count, cache),
-                lambda: (logits, cache),
-            )
-            return count + 1, logits, cache, tokens, ended
-
-        count, _, cache, tokens, ended = tf.while_loop(
-            more, pick_and_step, [tf.constant(0), logits, cache, tokens, ended]
-        )
-        return tokens, count, cache, ended
-
-
-_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def cached_decoder(model) -> CachedDecoder:
-    """The model's compiled decoder, built (and compiled, per batch size) once per model object."""
-    decoder = _decoders.get(model)
-    if decoder is None:
-        decoder = _decoders[model] = CachedDecoder(model)
-    return decoder
+    count, _, cache, tokens, ended = tf.while_loop(more, pick_and_step, [tf.constant(0), logits, cache, tokens, ended])
+    return tokens, count, cache, ended
 
 
 NO_STOP = -1  # stop_id when no token ends a sample
@@ -320,7 +230,7 @@ def decode(
     if not prompt:
         raise ValueError("an empty prompt: give at least one token")
     known = tf.constant(decoder.vocab_size if known is None else known, tf.int32)
-    run = decoder.compiled_run(rule)
+    run = compiled_run(model, rule)
     temperature, top_p = rule_values(rule)
     seeds = tf.constant([seed + i for i in range(num_samples)], tf.int64)
     stop = tf.constant(NO_STOP if stop_id is None else stop_id, tf.int32)

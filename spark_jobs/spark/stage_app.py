@@ -1,6 +1,6 @@
-"""What every stage application shares: arguments, the run folder's config, the Spark session,
-running the stage between its completion markers (pipeline.run_folder), and turning bad
-input into one clear error line and exit code 2."""
+"""What every stage application shares: arguments, the Spark session, running the stage with the
+run's config between its completion markers (pipeline.run_folder), and turning bad input into one
+clear error line and exit code 2."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from datetime import datetime, timezone
 
 from pipeline import lake, log, run_folder
 from pipeline.config import PipelineConfig, to_uri
-from pipeline.config_files import from_json
 from pipeline.errors import BAD_INPUT_EXIT, PipelineError
 from spark_jobs.spark import spark_metrics
 
@@ -42,20 +41,13 @@ def parse_args(stage: str, argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_run_config(run: str) -> PipelineConfig:
-    uri = lake.join(run, run_folder.CONFIG_FILE)
-    if not lake.exists(uri):
-        raise PipelineError(f"run folder {run} has no {run_folder.CONFIG_FILE}: create the run first")
-    return from_json(lake.read_text(uri))
-
-
 def spark_session(stage: str):
     from pyspark.sql import SparkSession
 
     # Settings come from spark-submit: include/spark_submit.stage_conf's on every target, plus on
-    # EMR the parallelism and the train executors' sizing of include/emr.py. The event log's folder
-    # is made here, in the driver, on every target (spark_jobs.spark.spark_metrics). It is not removed
-    # when the stage fails: Spark's shutdown still writes there.
+    # EMR the parallelism and the train executors' sizing of include/emr_steps.py. The event log's
+    # folder is made here, in the driver, on every target (spark_jobs.spark.spark_metrics). It is not
+    # removed when the stage fails: Spark's shutdown still writes there.
     builder = SparkSession.builder.appName(f"gpt-pipeline-{stage}")
     for key, value in spark_metrics.event_log_conf(tempfile.mkdtemp(prefix=f"spark-events-{stage}-")).items():
         builder = builder.config(key, value)
@@ -100,7 +92,7 @@ def run_stage(stage: str, body: StageBody, argv: list[str] | None = None, resume
     log.setup(stage)
     run = parse_args(stage, argv).run_dir
     try:
-        config = load_run_config(run)
+        config = run_folder.read_config(run)
         leftovers = (
             run_folder.error_path(stage),
             run_folder.progress_path(stage),

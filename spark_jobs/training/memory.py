@@ -32,7 +32,7 @@ DEFAULT_MLP_RATIO = 4
 SCORE_COPIES = 2
 LOGIT_COPIES = 2
 PARAMETER_COPIES = 6
-# Set on EMR's train executors (include/emr.train_resources): the memory their worker has.
+# Set on EMR's train executors (include/emr_steps.train_resources): the memory their worker has.
 WORKER_BUDGET_ENV = "GPT_PIPELINE_WORKER_MEMORY_MB"
 # Left on a local machine for Spark's driver, Airflow, the S3 server and the system.
 LOCAL_RESERVED_MB = 2048
@@ -46,7 +46,7 @@ def parameters(config: PipelineConfig, vocab_size: int | None = None) -> int:
     dim, mlp = config.embedding.dim, config.model.mlp_ratio
     block = (4 + 2 * mlp) * dim * dim + (9 + mlp) * dim  # attention, MLP and two norms
     embeddings = (vocab + config.data.block_size) * dim
-    return embeddings + config.model.n_layer * block + 2 * dim + dim * vocab + vocab
+    return embeddings + config.model.n_layer * block + 2 * dim  # the output projection is the token table
 
 
 def activation_copies(mlp_ratio: int) -> float:

@@ -28,7 +28,6 @@ import psutil
 from pipeline import lake, log, run_folder
 from pipeline.config import PipelineConfig
 from pipeline.errors import PipelineError
-from spark_jobs.spark.stage_app import load_run_config
 from spark_jobs.text import embedding_tables
 from spark_jobs.text.sliding_windows import SPLITS
 from spark_jobs.training import backups, input_pipeline, memory, tensorboard_log
@@ -121,11 +120,7 @@ class Worker:
         # What a backup must have been taken with to be resumed, and the settings, to name any that differ.
         self.identity = {"fingerprint": fingerprint(config, self.manifest), "settings": resume_settings(config)}
         self.warnings: list[str] = []
-        try:
-            backup = backups.load_backup(run, self.model, self.optimizer, self.identity)
-        except backups.OtherSettings as ignored:
-            backup = None
-            self.warn(str(ignored))
+        backup = backups.resume(run, self.model, self.optimizer, self.identity, self.warn)
         self.start_step = backup["step"] if backup else 0
         self.rows = backup["rows"] if backup else []
         self.points = self.earlier_points(self.start_step) if self.is_chief else []
@@ -356,7 +351,7 @@ class Worker:
 
     def save(self) -> None:
         tokenizer = lake.read_bytes(lake.join(self.run, run_folder.TOKENIZER_PATH))
-        backups.save_model(self.run, self.model, tokenizer, self.is_chief)
+        backups.save_model(self.run, self.model, tokenizer, self.config.generate, self.is_chief)
         if self.board:
             self.board.events.close()
 
@@ -417,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     run = args.run_dir.rstrip("/")
     exit_code = 1
     try:
-        result = train_worker(load_run_config(run), run, args.threads)
+        result = train_worker(run_folder.read_config(run), run, args.threads)
         Path(args.result).write_text(json.dumps(result))
         exit_code = 0
     except PipelineError as error:

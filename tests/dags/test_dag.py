@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import os
 import runpy
 from datetime import datetime, timezone
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,10 +17,12 @@ from airflow.sdk.definitions.param import ParamsDict
 
 from include import trigger_form
 from include.airflow_names import DAG_ID, model_asset_name
-from pipeline.config import REPO_ROOT, ConfigError
+from pipeline.config import REPO_ROOT, SHARED_CORPUS, ConfigError
 from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
+from pipeline.deployment import deployment_settings, is_deployment_setting
 from pipeline.overrides import apply_overrides
 from pipeline.stages import STAGE_NAMES
+from tests.deployments import deploy
 
 PIPELINE = ["validate_config", *STAGE_NAMES, "collect", "promote"]
 
@@ -111,9 +115,7 @@ def test_a_new_schedule_waits_for_its_next_time_instead_of_starting_a_run_at_onc
     from airflow.serialization.serialized_objects import DagSerialization
     from airflow.timetables import trigger
 
-    config = tmp_path / "pipeline.yaml"
-    config.write_text(yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"schedule": schedule})))
-    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(config))
+    deploy(monkeypatch, tmp_path / "pipeline.yaml", {"schedule": schedule})
     monkeypatch.setattr(trigger, "utcnow", lambda: datetime.fromisoformat(now).replace(tzinfo=timezone.utc))
     dag = DagSerialization.from_dict(
         DagSerialization.to_dict(runpy.run_path(str(REPO_ROOT / "dags" / "gpt_pipeline.py"))["dag"])
@@ -169,11 +171,80 @@ def test_form_values_become_config_fields():
         ),
         ({"overrides": ["data.window_size=64"]}, r"data\.window_size: unknown key"),
         ({"max_step": 10}, r"unknown trigger parameter\(s\) max_step"),
+        ({"x" * 100_000: 1}, r"unknown trigger parameter\(s\) x{199}…; use overrides"),
+        ({"overrides": ["corpus=[&a a.txt, *a]"]}, r"^invalid configuration: corpus: anchors and aliases"),
     ],
 )
 def test_bad_form_values_name_the_field(values, message):
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=trigger_form.overrides(values))
+
+
+def test_airflows_run_id_is_made_a_folder_name_once_as_the_run_starts(dag_module, monkeypatch):
+    """Its ':' and '+' go here; the run folder, the EMR code's folder and the cluster take the result as it is."""
+    context = {"params": {}, "run_id": "manual__2026-11-22T19:54:54.5+00:00"}
+    monkeypatch.setattr(dag_module, "get_current_context", lambda: context)
+    config, run_id = dag_module.form_config()
+    assert run_id.startswith(f"{config.run_name}-manual__2026-11-22T19_54_54.5_00_00-")  # + the start of its hash
+
+
+def form_config(dag_module, monkeypatch, values: dict):
+    """validate_config's config and run id from the form `values`, Airflow's context stood in for."""
+    monkeypatch.setattr(dag_module, "get_current_context", lambda: {"params": values, "run_id": "manual__1"})
+    return dag_module.form_config()
+
+
+@pytest.mark.parametrize("name", deployment_settings())
+def test_a_run_cannot_change_a_deployment_setting(dag_module, monkeypatch, name):
+    with pytest.raises(ConfigError) as raised:
+        form_config(dag_module, monkeypatch, {"overrides": [f"{name}=changed-by-a-run"]})
+    assert str(raised.value).startswith(
+        f"{name}: a deployment setting, which a run cannot change: this DAG's {name} is"
+    )
+    assert str(raised.value).endswith(
+        "read from pipeline.yaml (got 'changed-by-a-run'); edit pipeline.yaml to change it"
+    )
+
+
+# Out of the shared corpus folder, corpus_roots' default, by `..`: relative paths start at the checkout.
+DOT_DOT_ESCAPE = "../shared/data/../../../etc/passwd"
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (
+            {"overrides": ["schedule=@daily"]},
+            "schedule: a deployment setting, which a run cannot change: this DAG's schedule is None, read from "
+            "pipeline.yaml (got '@daily')",
+        ),
+        ({"overrides": ["s3.prefix=elsewhere"]}, "s3.prefix: a deployment setting"),
+        ({"overrides": ["lake=s3://bucket/lake"]}, "lake: a deployment setting"),  # not the target's complaint
+        ({"overrides": ["emr.core_instance_count=100"]}, "emr.core_instance_count: a deployment setting"),
+        ({"corpus": "~/.aws/credentials"}, f"corpus: {Path.home().resolve().as_uri()}/.aws/credentials (resolved: "),
+        (
+            {"overrides": [f"corpus={DOT_DOT_ESCAPE}"]},
+            f"corpus: {Path(os.path.normpath(REPO_ROOT / DOT_DOT_ESCAPE)).as_uri()} (resolved: ",
+        ),
+    ],
+    ids=["schedule", "record prefix", "lake", "cluster size", "credentials", "dot-dot"],
+)
+def test_a_run_changing_what_is_the_deployments_is_refused(dag_module, monkeypatch, values, message):
+    with pytest.raises(ConfigError) as raised:
+        form_config(dag_module, monkeypatch, values)
+    assert str(raised.value).startswith(message)
+
+
+def test_a_run_may_read_a_corpus_within_the_roots_and_change_any_run_setting(dag_module, monkeypatch):
+    corpus = f"{SHARED_CORPUS.parent}/*.txt"
+    config, _ = form_config(dag_module, monkeypatch, {"corpus": corpus, "overrides": ["train.max_steps=5"]})
+    assert (config.corpus, config.train.max_steps) == ([f"file://{SHARED_CORPUS.parent.resolve()}/*.txt"], 5)
+
+
+def test_the_form_offers_run_settings_only(dag):
+    fields = [field for field, _ in trigger_form.FIELDS.values()]
+    assert fields and not [field for field in fields if is_deployment_setting(field)]
+    assert set(dag.params) == {*trigger_form.FIELDS, trigger_form.OVERRIDES}
 
 
 @pytest.mark.parametrize("task", ["run_local_stage", "collect", "prune_runs"])

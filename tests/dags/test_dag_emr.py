@@ -2,10 +2,14 @@
 operators from include/emr_tasks.py) run by Airflow's dag.test() against a moto server: EMR and S3
 over HTTP, fake credentials, every AWS endpoint forced to moto. moto never runs a step, so a
 thread plays the cluster: it finishes each step as it is added (failing one when asked) and writes
-what the stage would (its completion marker; train's stats and generate's sample for collect)."""
+what the stage would (its completion marker; the cluster check's findings, train's stats and
+generate's sample for collect).
+validate_config's other refusals, which need no run, call its task's function with Airflow's
+context stood in for (`refusal`); one of them runs the DAG, to show the run stops there."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
@@ -17,9 +21,11 @@ from datetime import datetime, timedelta, timezone
 from unittest.mock import MagicMock
 
 import boto3
+import botocore.loaders
+import botocore.session
 import pytest
 import requests
-import yaml
+from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from airflow.sdk.exceptions import AirflowFailException
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.core.exceptions import JsonRESTError
@@ -28,14 +34,18 @@ from moto.emr.models import emr_backends
 from moto.emr.responses import ElasticMapReduceResponse
 from moto.server import ThreadedMotoServer
 
-from include import emr, emr_tasks, wheelhouse
+from include import emr_cluster, emr_code, emr_cost, emr_steps, emr_tasks, wheelhouse
+from include.alerts import FailureAlert
 from include.spark_submit import package_code
 from pipeline import lake, run_folder
 from pipeline.config import REPO_ROOT
-from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
-from pipeline.overrides import apply_overrides
-from pipeline.stages import STAGE_NAMES
+from pipeline.config_files import load_config
+from pipeline.deployment import deployment_settings
+from pipeline.errors import PipelineError
+from pipeline.stages import CLUSTER_CHECK, EMR_STEP_NAMES, STAGE_NAMES
 from spark_jobs.spark import stage_app
+from tests.alert_topic import AlertTopic
+from tests.deployments import amend_deployment, deploy
 
 REGION = "us-east-1"
 BUCKET = "gpt-pipeline-test"
@@ -47,9 +57,24 @@ OVERRIDES = {
     "lake": f"s3://{BUCKET}/lake",
     "s3": {"bucket": BUCKET},
     "emr": {"log_uri": f"s3://{BUCKET}/emr-logs/", "code_prefix": f"s3://{BUCKET}/code/", "poke_interval_seconds": 1},
+    "corpus_roots": [f"s3://{BUCKET}/corpus/"],
 }
 SONNET_LINE = b"Shall I compare thee to a summer's day?\n"
 TRAIN_STATS = {"final_val_loss": 4.2, "final_val_nats_per_char": 1.3}
+SMOKE_STATS = {
+    "master": "yarn",
+    "nodes": [
+        {
+            "worker": worker,
+            "address": f"10.0.1.{17 + worker}",
+            "versions": {"python": "3.11.14", "tensorflow": "2.21.0"},
+        }
+        for worker in range(2)
+    ],
+    "distinct_addresses": True,
+    "yarn": {"yarn.scheduler.maximum-allocation-mb": 28672},
+    "executor_mb": {"spark.executor.memory": 6656, "spark.executor.memoryOverhead": 19968},
+}
 TRAIN_PROGRESS = {
     "step": 1200,
     "max_steps": 3000,
@@ -69,32 +94,10 @@ def moto_endpoint():
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def airflow_db():
-    from airflow.configuration import conf
-    from airflow.utils.db import resetdb
-
-    resetdb()
-    bundles = [
-        {
-            "name": "emr-test-dags",
-            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {"path": str(DAG_FILE.parent), "refresh_interval": 0},
-        }
-    ]
-    previous = conf.get("dag_processor", "dag_bundle_config_list")
-    conf.set("dag_processor", "dag_bundle_config_list", json.dumps(bundles))
-    yield
-    conf.set("dag_processor", "dag_bundle_config_list", previous)
-
-
 @pytest.fixture
 def emr_defaults(tmp_path, monkeypatch):
     """pipeline.yaml with target emr, as the DAG's defaults file."""
-    path = tmp_path / "pipeline-emr.yaml"
-    path.write_text(yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), OVERRIDES)))
-    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(path))
-    return path
+    return deploy(monkeypatch, tmp_path / "pipeline-emr.yaml", OVERRIDES)
 
 
 @pytest.fixture
@@ -116,7 +119,7 @@ def aws(moto_endpoint, monkeypatch, emr_defaults):
     # The nodes' wheelhouse, as if built, so validate_config downloads nothing; moto's EMR runs no
     # bootstrap to install it (tests/include/test_wheelhouse.py tests building and installing one).
     code_prefix = load_config(emr_defaults).emr.code_prefix
-    wheelhouse.write_manifest({"test": "stand-in, no wheels"}, emr.wheelhouse_uri(code_prefix), s3)
+    wheelhouse.write_manifest({"test": "stand-in, no wheels"}, emr_code.wheelhouse_uri(code_prefix), s3)
     return {"s3": s3, "emr": boto3.client("emr", region_name=REGION, endpoint_url=moto_endpoint)}
 
 
@@ -192,9 +195,24 @@ class Cluster(threading.Thread):
         self.slow_train, self.train_started, self.ends_with, self.ends_after = slow_train, None, ends_with, ends_after
         self.finished: list[str] = []
         self.stop = threading.Event()
+        self.error: BaseException | None = None
 
     def run(self) -> None:
-        backend = emr_backends[DEFAULT_ACCOUNT_ID][REGION]
+        """Plays the cluster. Should that fail, it ends every cluster from then on, so that the DAG's
+        sensors fail at their next poke instead of waiting on steps no one finishes, and `__exit__`
+        raises the error once the run is over."""
+        try:
+            self.play()
+        except BaseException as error:
+            self.error = error
+            while not self.stop.is_set():
+                for cluster in list(emr_backend().clusters.values()):
+                    if cluster.state not in ("TERMINATED", "TERMINATED_WITH_ERRORS"):
+                        self.end(cluster, f"the test's cluster thread failed: {error!r}")
+                time.sleep(0.05)
+
+    def play(self) -> None:
+        backend = emr_backend()
         while not self.stop.is_set():
             for cluster in list(backend.clusters.values()):
                 self.start_up(cluster)
@@ -248,13 +266,15 @@ class Cluster(threading.Thread):
             step.state = "FAILED"
         else:
             outputs = {run_folder.stats_uri(run_dir, stage_name): b"{}"}
+            if stage_name == CLUSTER_CHECK.name:
+                outputs[run_folder.stats_uri(run_dir, stage_name)] = json.dumps(SMOKE_STATS).encode()
             if stage_name == "train":
                 outputs[run_folder.stats_uri(run_dir, "train")] = json.dumps(TRAIN_STATS).encode()
                 outputs[lake.join(run_dir, run_folder.EPOCHS_CSV_PATH)] = b"epoch,step,val_loss\n1,3,2.5\n"
             if stage_name == "generate":
                 outputs[lake.join(run_dir, run_folder.SAMPLES_PATH)] = b"The man starts with a song"
             for uri, body in outputs.items():
-                bucket, key = emr.split_s3_uri(uri)
+                bucket, key = emr_code.split_s3_uri(uri)
                 self.s3.put_object(Bucket=bucket, Key=key, Body=body)
             step.state = "COMPLETED"
         step.end_date_time = datetime.now(timezone.utc)
@@ -264,7 +284,7 @@ class Cluster(threading.Thread):
         """A train step that runs for a few pokes, its progress in the run folder as the stage keeps it."""
         if self.train_started is None:
             self.train_started = time.monotonic()
-            bucket, key = emr.split_s3_uri(lake.join(run_dir, run_folder.progress_path("train")))
+            bucket, key = emr_code.split_s3_uri(lake.join(run_dir, run_folder.progress_path("train")))
             self.s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(TRAIN_PROGRESS).encode())
         return time.monotonic() - self.train_started < 8  # a few pokes (1 s apart), with room for a busy machine
 
@@ -275,6 +295,8 @@ class Cluster(threading.Thread):
     def __exit__(self, *exc):
         self.stop.set()
         self.join()
+        if self.error is not None:
+            raise self.error
 
 
 def run_dag(
@@ -295,14 +317,19 @@ def run_dag(
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     if startup_timeout_s:
         dag.get_task("wait_for_cluster").timeout = startup_timeout_s
-    for task_id in (*STAGE_NAMES, "terminate_cluster"):
+    for task_id in (*EMR_STEP_NAMES, "terminate_cluster"):
         dag.get_task(task_id).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
     for stage_name in hanging if time_limit_s else ():  # only theirs: the others finish at any machine load
         dag.get_task(stage_name).timeout = time_limit_s
     played = Cluster(
         aws["s3"], failures, bad_input, hanging, slow_train, ends_with, ends_after, timed_out, start_s, bootstrap_error
     )
-    with played as cluster:
+    with played as cluster, pytest.MonkeyPatch.context() as patch:
+        # Every AWS hook makes its own boto3 session, which would read botocore's service models from
+        # JSON again, and names its caller in the User-Agent header by reading the source of each
+        # frame on the stack: seconds of each run, testing nothing here.
+        patch.setattr(botocore.session, "create_loader", functools.cache(botocore.loaders.create_loader))
+        patch.setattr(AwsBaseHook, "_get_caller", lambda self, target_function_name="execute": "Unknown")
         dag_run = dag.test(run_conf=form)
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     return dag_run, states, cluster.finished
@@ -325,7 +352,7 @@ def only_cluster(aws) -> dict:
 
 
 def s3_bytes(aws, uri: str) -> bytes:
-    bucket, key = emr.split_s3_uri(uri)
+    bucket, key = emr_code.split_s3_uri(uri)
     return aws["s3"].get_object(Bucket=bucket, Key=key)["Body"].read()
 
 
@@ -335,18 +362,24 @@ def zip_members(data: bytes) -> dict[str, bytes]:
 
 
 def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminates(
-    airflow_db, aws, run_job_flow_requests, monkeypatch, tmp_path
+    airflow_db, aws, run_job_flow_requests, starting_clusters, capfd, tmp_path, monkeypatch
 ):
-    dag_run, states, finished = run_dag(aws)
+    """The cluster starts as EMR's do (STARTING for a few seconds) and train runs for a few pokes;
+    collect logs the run to MLflow (a SQLite store), and promote registers its model."""
+    mlflow_store = f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
+    monkeypatch.setenv("AIRFLOW_VAR_MLFLOW_TRACKING_URI", mlflow_store)
+    dag_run, states, finished = run_dag(aws, start_s=3, slow_train=True)
     config = load_config(overrides=OVERRIDES)
-    run_id = f"{config.run_name}-{dag_run.run_id}"
+    run_id = run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}")
 
     assert dag_run.state == "success", states
+    assert states.pop("end_orphaned_clusters") == "skipped"  # create_cluster succeeded
     assert set(states.values()) == {"success"}
+    logged = "".join(capfd.readouterr())
 
     # The cluster: exactly the template filled from the config, and terminated at the end.
     (request,) = run_job_flow_requests
-    assert request == emr.job_flow_overrides(config, run_id)
+    assert request == emr_cluster.job_flow_overrides(config, run_id)
     assert request["AutoTerminationPolicy"] == {"IdleTimeout": config.emr.idle_timeout_minutes * 60}
     cluster = only_cluster(aws)
     assert cluster["ReleaseLabel"] == config.emr.release_label
@@ -359,55 +392,91 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
         ("MASTER", config.emr.master_instance_type, 1, "ON_DEMAND"),
     ]
     (action,) = aws["emr"].list_bootstrap_actions(ClusterId=cluster["Id"])["BootstrapActions"]
-    assert s3_bytes(aws, action["ScriptPath"]) == emr.RUN_FILES["bootstrap.sh"].read_bytes()
+    assert s3_bytes(aws, action["ScriptPath"]) == emr_code.RUN_FILES["bootstrap.sh"].read_bytes()
 
-    # The steps: one per stage, in order, each the shared spark-submit command.
-    assert finished == list(STAGE_NAMES)
+    # The steps: the cluster check, then one per stage, in order, each the shared spark-submit command.
+    assert finished == list(EMR_STEP_NAMES) == [CLUSTER_CHECK.name, *STAGE_NAMES]
     steps = aws["emr"].list_steps(ClusterId=cluster["Id"])["Steps"]
-    assert sorted(step["Name"] for step in steps) == sorted(STAGE_NAMES)
+    assert sorted(step["Name"] for step in steps) == sorted(EMR_STEP_NAMES)
     for step in steps:
-        expected = emr.stage_step(step["Name"], config, run_id)
+        expected = emr_steps.stage_step(step["Name"], config, run_id)
         assert step["Config"]["Args"] == expected["HadoopJarStep"]["Args"]
         assert step["Config"]["Jar"] == "command-runner.jar" and step["ActionOnFailure"] == "CONTINUE"
         assert step["Status"]["State"] == "COMPLETED"
+    # The first step was added once the cluster had started and bootstrapped: wait_for_cluster waited.
+    assert f"cluster {cluster['Id']} is STARTING" in logged
+    assert starting_clusters[0] == "WAITING" and set(starting_clusters) <= set(emr_tasks.READY_STATES)
+    assert len(starting_clusters) == len(EMR_STEP_NAMES)
+    first = steps[-1]
+    assert first["Name"] == CLUSTER_CHECK.name
+    assert first["Status"]["Timeline"]["CreationDateTime"] >= cluster["Status"]["Timeline"]["ReadyDateTime"]
+    # The train task logged the progress its running step reported.
+    assert (
+        "train: step 1,200 of 3,000 (40%), loss 3.2100, 25,000 tokens/s, about 12 min left (at 2026-11-22T10:00:00Z)"
+        in logged
+    )
 
     # The code, the bootstrap's requirements and the resolved config are in S3.
-    code = emr.code_uri(config, run_id)
+    code = emr_code.code_uri(config, run_id)
     package_code(tmp_path)
     for file in tmp_path.rglob("*.py"):
         assert s3_bytes(aws, lake.join(code, file.relative_to(tmp_path).as_posix())) == file.read_bytes()
     local_zip = zip_members((tmp_path / "spark_jobs.zip").read_bytes())
     assert zip_members(s3_bytes(aws, lake.join(code, "spark_jobs.zip"))) == local_zip
-    for name, path in emr.RUN_FILES.items():
+    for name, path in emr_code.RUN_FILES.items():
         assert s3_bytes(aws, lake.join(code, name)) == path.read_bytes()
     run_dir = run_folder.run_dir(config, run_id)
     assert json.loads(s3_bytes(aws, lake.join(run_dir, run_folder.CONFIG_FILE))) == json.loads(config.to_json())
     # collect copied the record and wrote the report.
-    report = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_folder.safe_run_id(run_id)}/report.json"))
+    report = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_id}/report.json"))
     assert report["val_nats_per_char"] == TRAIN_STATS["final_val_nats_per_char"]
     assert report["sample"] == "The man starts with a song"
     # with the cluster's steps, as EMR reported them just before the cluster was terminated
     assert report["emr"]["cluster_id"] == cluster["Id"] and report["emr"]["release"] == config.emr.release_label
     assert [(step["name"], step["state"]) for step in report["emr"]["steps"]] == [
-        (stage, "COMPLETED") for stage in STAGE_NAMES
+        (stage, "COMPLETED") for stage in EMR_STEP_NAMES
     ]
     assert report["emr"]["cost_usd_so_far"] >= 0 and all(step["seconds"] is not None for step in report["emr"]["steps"])
-    report_md = s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_folder.safe_run_id(run_id)}/report.md").decode()
+    report_md = s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/{run_id}/report.md").decode()
     assert (
         f"## EMR\n\nCluster {cluster['Id']} ({config.emr.release_label})" in report_md
         and "| train | COMPLETED |" in report_md
     )
+    # and what the cluster check found on the nodes
+    assert report["cluster_check"]["nodes"] == SMOKE_STATS["nodes"]
+    assert "## Cluster check\n" in report_md and "| 1 | 10.0.1.18 | 3.11.14 | 2.21.0 |" in report_md
     # promote pointed the run name's latest pointer at the collected model.
     pointer = json.loads(s3_bytes(aws, f"s3://{BUCKET}/{config.s3.prefix}/latest/{config.run_name}.json"))
-    assert pointer["model"] == report["s3_uri"] + f"{run_folder.MODEL_FOLDER}/" and pointer[
-        "run"
-    ] == run_folder.safe_run_id(run_id)
+    assert pointer["model"] == report["s3_uri"] + f"{run_folder.MODEL_FOLDER}/" and pointer["run"] == run_id
     ((asset_uri, extra),) = asset_events(dag_run)
     assert asset_uri == f"s3://{BUCKET}/{config.s3.prefix}/latest" and extra["pointer"] == pointer
+    # The run in MLflow, logged on Airflow's side, and its model the run name's champion.
+    from mlflow import MlflowClient
+
+    mlflow = MlflowClient(mlflow_store)
+    (tracked,) = mlflow.search_runs([mlflow.get_experiment_by_name("gpt-pipeline").experiment_id])
+    assert tracked.data.tags["gpt_pipeline.target"] == "emr" and tracked.data.tags["airflow.run_id"] == dag_run.run_id
+    assert tracked.data.tags["gpt_pipeline.record"] == report["s3_uri"]
+    assert tracked.data.metrics["final_val_nats_per_char"] == TRAIN_STATS["final_val_nats_per_char"]
+    assert "emr.core_instance_count" not in tracked.data.params and tracked.data.params["train.max_steps"] == "300"
+    assert mlflow.get_model_version_by_alias(config.run_name, "champion").run_id == tracked.info.run_id
+
+
+def test_an_error_in_the_thread_playing_the_cluster_ends_the_run_and_fails_the_test(airflow_db, aws, monkeypatch):
+    """The test's own helper: the thread's error is raised as soon as the run is over, and the run
+    is over at once, rather than the DAG waiting on steps no one finishes until the test times out."""
+
+    def broken(self, step):
+        raise RuntimeError("the played cluster broke")
+
+    monkeypatch.setattr(Cluster, "finish", broken)
+    with pytest.raises(RuntimeError, match="the played cluster broke"):
+        run_dag(aws)
+    assert only_cluster(aws)["Status"]["State"] in ("TERMINATED", "TERMINATED_WITH_ERRORS")
 
 
 def test_promote_if_better_is_skipped_when_latest_points_at_a_better_model(airflow_db, aws, emr_defaults):
-    emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), {"s3": {"promote": "if_better"}})))
+    amend_deployment(emr_defaults, {"s3": {"promote": "if_better"}})
     config = load_config(emr_defaults)
     key = f"{config.s3.prefix}/latest/{config.run_name}.json"
     better = {"run": "an-earlier-run", "model": f"s3://{BUCKET}/runs/an-earlier-run/model/", "val_nats_per_char": 1.0}
@@ -415,7 +484,7 @@ def test_promote_if_better_is_skipped_when_latest_points_at_a_better_model(airfl
 
     dag_run, states, finished = run_dag(aws)
 
-    assert dag_run.state == "success" and finished == list(STAGE_NAMES)
+    assert dag_run.state == "success" and finished == list(EMR_STEP_NAMES)
     assert states["collect"] == "success" and states["promote"] == "skipped"
     assert json.loads(s3_bytes(aws, f"s3://{BUCKET}/{key}")) == better
     assert asset_events(dag_run) == []
@@ -430,9 +499,10 @@ def step_states(aws) -> list[tuple[str, str]]:
 def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, aws, capfd):
     dag_run, states, finished = run_dag(aws, failures={"window": 1})
 
+    assert states.pop("end_orphaned_clusters") == "skipped"
     assert dag_run.state == "success" and set(states.values()) == {"success"}, states
-    assert finished == ["tokenize", "window", "window (try 2)", *STAGE_NAMES[2:]]
-    assert step_states(aws)[:3] == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "COMPLETED")]
+    assert finished == [CLUSTER_CHECK.name, "tokenize", "window", "window (try 2)", *STAGE_NAMES[2:]]
+    assert step_states(aws)[1:4] == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "COMPLETED")]
     assert "window stopped: RuntimeError: the executor was lost" in "".join(capfd.readouterr())
     # the retried step is the same command
     steps = {
@@ -440,8 +510,12 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
         for step in aws["emr"].list_steps(ClusterId=only_cluster(aws)["Id"])["Steps"]
     }
     assert steps["window (try 2)"] == steps["window"]
+    # the retried step does not report the previous try's error as its own
+    config = load_config(overrides=OVERRIDES)
+    run = run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}")
+    with pytest.raises(aws["s3"].exceptions.NoSuchKey):
+        s3_bytes(aws, lake.join(run_folder.run_dir(config, run), run_folder.error_path("window")))
     # the report's timeline: the cluster's start-up, then every step EMR ran, the failed try included
-    run = run_folder.safe_run_id(dag_run.run_id)
     pages = [  # the record's and the run folder's (on S3 too)
         aws["s3"].get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read().decode()
         for item in aws["s3"].list_objects_v2(Bucket=BUCKET)["Contents"]
@@ -450,17 +524,7 @@ def test_a_step_that_fails_once_is_added_again_and_the_run_succeeds(airflow_db, 
     assert len(pages) == 2
     for page in pages:
         bars = re.findall(r'<rect class="bar (\w+)"', page)
-        assert bars == ["startup", "completed", "failed", *["completed"] * (len(STAGE_NAMES) - 1)]
-
-
-def test_the_train_task_logs_the_progress_the_running_step_reports(airflow_db, aws, capfd):
-    dag_run, states, _ = run_dag(aws, slow_train=True)
-    assert dag_run.state == "success", states
-    logged = "".join(capfd.readouterr())
-    assert (
-        "train: step 1,200 of 3,000 (40%), loss 3.2100, 25,000 tokens/s, about 12 min left (at 2026-11-22T10:00:00Z)"
-        in logged
-    )
+        assert bars == ["startup", "completed", "completed", "failed", *["completed"] * (len(STAGE_NAMES) - 1)]
 
 
 def test_a_step_that_fails_in_every_try_fails_the_run_and_the_cluster_is_still_terminated(airflow_db, aws):
@@ -470,9 +534,9 @@ def test_a_step_that_fails_in_every_try_fails_the_run_and_the_cluster_is_still_t
     assert states["tokenize"] == "success" and states["window"] == "failed"
     assert states["positional_embed"] == states["collect"] == states["promote"] == "upstream_failed"
     assert states["terminate_cluster"] == "success"
-    assert finished == ["tokenize", "window", "window (try 2)"]
+    assert finished == [CLUSTER_CHECK.name, "tokenize", "window", "window (try 2)"]
     assert only_cluster(aws)["Status"]["State"] == "TERMINATED"
-    assert step_states(aws) == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "FAILED")]
+    assert step_states(aws)[1:] == [("tokenize", "COMPLETED"), ("window", "FAILED"), ("window (try 2)", "FAILED")]
 
 
 def test_a_stage_stopped_by_bad_input_fails_at_once_with_its_error(airflow_db, aws, capfd):
@@ -480,21 +544,35 @@ def test_a_stage_stopped_by_bad_input_fails_at_once_with_its_error(airflow_db, a
 
     assert dag_run.state == "failed" and states["tokenize"] == "failed"
     assert "AirflowFailException: tokenize: the corpus is not UTF-8" in "".join(capfd.readouterr())
-    assert step_states(aws) == [("tokenize", "FAILED")]
+    assert step_states(aws) == [(CLUSTER_CHECK.name, "COMPLETED"), ("tokenize", "FAILED")]
     assert only_cluster(aws)["Status"]["State"] == "TERMINATED"
+
+
+def test_a_cluster_check_that_fails_stops_the_run_before_tokenize_and_the_cluster_is_terminated(airflow_db, aws, capfd):
+    """The smoke step's failures are its findings (two workers on one node, a package that does not
+    import): recorded as bad input, which a retry would find again."""
+    dag_run, states, finished = run_dag(aws, failures={CLUSTER_CHECK.name: 2}, bad_input=True)
+
+    assert dag_run.state == "failed" and states[CLUSTER_CHECK.name] == "failed", states
+    assert dag_run.get_task_instance(CLUSTER_CHECK.name).try_number == 1
+    assert f"AirflowFailException: {CLUSTER_CHECK.name}: the corpus is not UTF-8" in "".join(capfd.readouterr())
+    assert states["tokenize"] == states["collect"] == "upstream_failed"
+    assert step_states(aws) == [(CLUSTER_CHECK.name, "FAILED")] and finished == [CLUSTER_CHECK.name]
+    assert states["terminate_cluster"] == "success" and only_cluster(aws)["Status"]["State"] == "TERMINATED"
 
 
 def test_a_cluster_that_ended_fails_the_stage_at_once_with_the_clusters_reason(airflow_db, aws, capfd):
     reason = "On the master instance (i-0abc), bootstrap action 1 returned a non-zero return code"
     dag_run, states, finished = run_dag(aws, ends_with=reason)
+    first = EMR_STEP_NAMES[0]
 
-    assert dag_run.state == "failed" and states["tokenize"] == "failed", states
-    assert dag_run.get_task_instance("tokenize").try_number == 1  # no retry: there is no cluster to run it on
+    assert dag_run.state == "failed" and states[first] == "failed", states
+    assert dag_run.get_task_instance(first).try_number == 1  # no retry: there is no cluster to run it on
     logged = "".join(capfd.readouterr())
     cluster_id = only_cluster(aws)["Id"]
-    assert f"AirflowFailException: tokenize: cluster {cluster_id} ended (TERMINATED_WITH_ERRORS): {reason}" in logged
+    assert f"AirflowFailException: {first}: cluster {cluster_id} ended (TERMINATED_WITH_ERRORS): {reason}" in logged
     assert f"bootstrap logs: s3://{BUCKET}/emr-logs/{cluster_id}/node/" in logged
-    assert step_states(aws) == [("tokenize", "CANCELLED")]
+    assert step_states(aws) == [(first, "CANCELLED")]
     assert states["terminate_cluster"] == "success"
 
 
@@ -507,29 +585,41 @@ def test_a_cluster_that_ended_between_steps_fails_the_next_stage_at_once_before_
     assert f"AirflowFailException: window: cluster {only_cluster(aws)['Id']} ended (TERMINATED): {reason}" in "".join(
         capfd.readouterr()
     )
-    assert step_states(aws) == [("tokenize", "COMPLETED")]  # EMR would refuse the step; none was sent
+    # EMR would refuse the step; none was sent
+    assert step_states(aws) == [(CLUSTER_CHECK.name, "COMPLETED"), ("tokenize", "COMPLETED")]
 
 
-def test_a_retried_step_does_not_report_the_previous_trys_error_as_its_own(airflow_db, aws):
-    dag_run, states, finished = run_dag(aws, failures={"window": 1})
-
-    assert dag_run.state == "success", states
-    config = load_config(overrides=OVERRIDES)
-    run_dir = run_folder.run_dir(config, f"{config.run_name}-{dag_run.run_id}")
-    with pytest.raises(aws["s3"].exceptions.NoSuchKey):
-        s3_bytes(aws, lake.join(run_dir, run_folder.error_path("window")))
-
-
-def test_a_cluster_that_could_not_be_terminated_fails_the_run(airflow_db, aws, monkeypatch):
+def test_a_cluster_that_could_not_be_terminated_fails_the_run_and_alerts_with_the_cluster_and_its_cost(
+    airflow_db, aws, emr_defaults, moto_endpoint, monkeypatch
+):
     def refused(self):
         raise ValidationException("User is not authorized to perform elasticmapreduce:TerminateJobFlows")
 
+    topic = AlertTopic(moto_endpoint)
+    amend_deployment(emr_defaults, {"alerts": {"sns_topic_arn": topic.arn}})
     monkeypatch.setattr(ElasticMapReduceResponse, "terminate_job_flows", refused)
     dag_run, states, finished = run_dag(aws)
 
-    assert finished == list(STAGE_NAMES) and states["promote"] == "success"
+    assert finished == list(EMR_STEP_NAMES) and states["promote"] == "success"
     assert states["terminate_cluster"] == "failed" and dag_run.state == "failed"  # someone must see the cluster is up
+    cluster_id = only_cluster(aws)["Id"]
     assert only_cluster(aws)["Status"]["State"] != "TERMINATED"
+    # and is told: the teardown's alert, with the report collect wrote and the cluster's cost so far
+    (alert,) = topic.received()
+    assert alert["Subject"] == "gpt_pipeline: teardown terminate_cluster failed"
+    message = alert["Message"]
+    assert f"\nrun:    {dag_run.run_id}\n" in message and "\ntask:   terminate_cluster\n" in message
+    assert re.search(
+        r"\nerror:  ClientError: .*User is not authorized to perform elasticmapreduce:TerminateJobFlows\n", message
+    )
+    config = load_config(emr_defaults)
+    record = f"s3://{BUCKET}/{config.s3.prefix}/{run_folder.safe_run_id(f'{config.run_name}-{dag_run.run_id}')}/"
+    assert f"\nreport: {record}{run_folder.REPORT_HTML}\n" in message
+    basis = re.escape(emr_cost.price_basis(config))
+    assert re.search(
+        rf"\nEMR cluster: {cluster_id}, about \$\d+\.\d\d so far \(\d+\.\d\d hours at {basis}\)\n", message
+    )
+    assert f"aws emr terminate-clusters --cluster-ids {cluster_id}`" in message
 
 
 def test_a_step_out_of_time_fails_its_task_without_a_retry(airflow_db, aws, capfd):
@@ -538,34 +628,20 @@ def test_a_step_out_of_time_fails_its_task_without_a_retry(airflow_db, aws, capf
 
     assert dag_run.state == "failed" and states["window"] == "failed"
     assert (dag_run.get_task_instance("window").try_number, states["terminate_cluster"]) == (1, "success")
-    assert step_states(aws) == [("tokenize", "COMPLETED"), ("window", "RUNNING")]  # moto leaves it so on terminate
+    # moto leaves the running step so on terminate
+    assert step_states(aws) == [(CLUSTER_CHECK.name, "COMPLETED"), ("tokenize", "COMPLETED"), ("window", "RUNNING")]
 
 
 def test_a_step_its_own_time_limit_ended_fails_its_task_without_a_retry(airflow_db, aws, capfd):
     """Each step runs under `timeout`, so the cluster's cost stays bounded without Airflow."""
     dag_run, states, finished = run_dag(aws, timed_out={"window"})
-    limit = emr.step_limit_seconds("window", load_config(overrides=OVERRIDES))
+    limit = emr_steps.step_limit_seconds("window", load_config(overrides=OVERRIDES))
     assert "window: step s-" in (logged := "".join(capfd.readouterr()))
     assert f"ran out of its time limit ({limit:,} s)" in logged
 
     assert dag_run.state == "failed" and states["window"] == "failed"
     assert (dag_run.get_task_instance("window").try_number, states["terminate_cluster"]) == (1, "success")
-    assert finished == ["tokenize", "window"]
-
-
-def test_the_first_step_is_added_once_the_cluster_has_started_and_bootstrapped(
-    airflow_db, aws, starting_clusters, capfd
-):
-    dag_run, states, finished = run_dag(aws, start_s=3)
-
-    assert dag_run.state == "success" and finished == list(STAGE_NAMES), states
-    cluster = only_cluster(aws)
-    assert f"cluster {cluster['Id']} is STARTING" in "".join(capfd.readouterr())  # wait_for_cluster waited
-    assert starting_clusters[0] == "WAITING" and set(starting_clusters) <= set(emr_tasks.READY_STATES)
-    assert len(starting_clusters) == len(STAGE_NAMES)
-    first = aws["emr"].list_steps(ClusterId=cluster["Id"])["Steps"][-1]
-    assert first["Name"] == STAGE_NAMES[0]
-    assert first["Status"]["Timeline"]["CreationDateTime"] >= cluster["Status"]["Timeline"]["ReadyDateTime"]
+    assert finished == [CLUSTER_CHECK.name, "tokenize", "window"]
 
 
 def test_a_cluster_not_started_within_its_allowance_fails_naming_the_setting_and_is_terminated(
@@ -581,7 +657,7 @@ def test_a_cluster_not_started_within_its_allowance_fails_naming_the_setting_and
     )
     assert dag_run.state == "failed" and states["wait_for_cluster"] == "failed", states
     assert dag_run.get_task_instance("wait_for_cluster").try_number == 1
-    assert states[STAGE_NAMES[0]] == "upstream_failed" and starting_clusters == [] and finished == []
+    assert states[EMR_STEP_NAMES[0]] == "upstream_failed" and starting_clusters == [] and finished == []
     assert states["terminate_cluster"] == "success"
     assert emr_backend().clusters[cluster_id].state == "TERMINATED"
 
@@ -622,8 +698,27 @@ def test_a_create_that_fails_after_emr_made_the_cluster_terminates_it(airflow_db
     assert states["wait_for_cluster"] == "upstream_failed" and finished == []
 
 
+def test_a_create_killed_after_run_job_flow_leaves_no_cluster_running(airflow_db, aws, monkeypatch):
+    """A worker killed outright between RunJobFlow and the XCom runs none of create_cluster's own
+    clean-up, and Airflow runs no teardown of a failed setup: end_orphaned_clusters ends the
+    cluster by the run's tag."""
+
+    def killed_after_run_job_flow(self, context):
+        self.hook.create_job_flow(self.job_flow_overrides)
+        raise RuntimeError("the worker died")  # no on_kill, no XCom: as after SIGKILL
+
+    monkeypatch.setattr(emr_tasks.EmrCreateClusterOperator, "execute", killed_after_run_job_flow)
+    dag_run, states, finished = run_dag(aws)
+
+    ((cluster_id, cluster),) = emr_backend().clusters.items()
+    assert cluster.state == "TERMINATED", cluster_id
+    assert dag_run.state == "failed" and states["create_cluster"] == "failed", states
+    assert states["end_orphaned_clusters"] == "success" and states["terminate_cluster"] != "success", states
+    assert finished == []
+
+
 def create_operator(aws, **kwargs) -> emr_tasks.EmrCreateClusterOperator:
-    request = emr.job_flow_overrides(load_config(overrides=OVERRIDES), "run-1")
+    request = emr_cluster.job_flow_overrides(load_config(overrides=OVERRIDES), "run-1")
     return emr_tasks.EmrCreateClusterOperator(
         task_id="create_cluster", job_flow_overrides=request, emr_conn_id=None, region_name=REGION, **kwargs
     )
@@ -647,6 +742,20 @@ def test_a_killed_create_terminates_its_cluster(aws):
     create_operator(aws).on_kill()  # killed before RunJobFlow returned: nothing to terminate
 
 
+def test_a_create_finding_the_runs_cluster_active_uses_it_instead_of_starting_a_second(aws):
+    """An earlier try's cluster (the task cleared, or failed after RunJobFlow succeeded) is the
+    run's; a cluster of another run, or one that ended, is not."""
+    request = create_operator(aws).job_flow_overrides
+    other_run = aws["emr"].run_job_flow(**request | {"Tags": [{"Key": "run_id", "Value": "run-2"}]})["JobFlowId"]
+    ended = aws["emr"].run_job_flow(**request)["JobFlowId"]
+    aws["emr"].terminate_job_flows(JobFlowIds=[ended])
+    earlier = aws["emr"].run_job_flow(**request)["JobFlowId"]
+
+    assert create_operator(aws).execute({"ti": MagicMock()}) == earlier
+    active = aws["emr"].list_clusters(ClusterStates=list(emr_cluster.ACTIVE_STATES))["Clusters"]
+    assert sorted(cluster["Id"] for cluster in active) == sorted([earlier, other_run])
+
+
 def test_a_corpus_too_small_for_a_window_fails_before_any_cluster_exists(airflow_db, aws, capfd):
     aws["s3"].put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=SONNET_LINE)
     dag_run, states, finished = run_dag(aws)
@@ -664,21 +773,28 @@ def test_a_corpus_too_small_for_a_window_fails_before_any_cluster_exists(airflow
     assert [key for key in keys if not key.startswith("code/wheelhouse/")] == ["corpus/sonnets.txt"]
 
 
-def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluster_exists(
-    airflow_db, aws, emr_defaults, capfd
-):
-    settings = apply_overrides(read_yaml(emr_defaults), {"data": {"stride": 1}, "emr": {"core_ebs_gb": 1}})
-    emr_defaults.write_text(yaml.safe_dump(settings))
-    aws["s3"].put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=SONNET_LINE * 1_000_000)  # 40 MB
-    dag_run, states, finished = run_dag(aws)
+def refusal(aws, form: dict | None = None) -> str:
+    """What the DAG's validate_config raises, as its task's log shows it ("ConfigError: …"), run as
+    the task would run it in a DAG run (with target emr, the DAG file parsed now, the trigger form
+    `form`): its function called with Airflow's context stood in for. No cluster exists after it."""
+    dag_globals = runpy.run_path(str(DAG_FILE))
+    function = dag_globals["validate_config_for_emr"].function
+    context = {"params": dag_globals["dag"].params.dump() | (form or {}), "run_id": "manual__test"}
+    with pytest.raises(PipelineError) as raised, pytest.MonkeyPatch.context() as patch:
+        patch.setitem(function.__globals__, "get_current_context", lambda: context)
+        function()
+    assert aws["emr"].list_clusters()["Clusters"] == []
+    return f"{type(raised.value).__name__}: {raised.value}"
 
-    logged = "".join(capfd.readouterr())
+
+def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluster_exists(aws, emr_defaults):
+    amend_deployment(emr_defaults, {"data": {"stride": 1}, "emr": {"core_ebs_gb": 1}})
+    aws["s3"].put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=SONNET_LINE * 1_000_000)  # 40 MB
+
     assert (
         "PipelineError: each of the 2 training workers copies at least 1.3 GB of TFRecord shards to its core "
-        "node, more than its emr.core_ebs_gb = 1 GB volume" in logged
+        "node, more than its emr.core_ebs_gb = 1 GB volume" in refusal(aws)
     )
-    assert states["validate_config"] == "failed" and finished == []
-    assert aws["emr"].list_clusters()["Clusters"] == []
 
 
 @pytest.mark.parametrize(
@@ -703,15 +819,40 @@ def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluste
     ],
     ids=["record", "logs", "lake", "corpus", "shipped-record", "shipped-lake-and-code", "service-role-v2"],
 )
-def test_an_account_setting_that_cannot_work_fails_before_any_cluster_exists(
-    airflow_db, aws, emr_defaults, capfd, setting, message
-):
-    emr_defaults.write_text(yaml.safe_dump(apply_overrides(read_yaml(emr_defaults), setting)))
-    dag_run, states, finished = run_dag(aws)
+def test_an_account_setting_that_cannot_work_fails_before_any_cluster_exists(aws, emr_defaults, setting, message):
+    amend_deployment(emr_defaults, setting)
+    assert f"Error: {message}" in refusal(aws)
 
-    assert f"Error: {message}" in "".join(capfd.readouterr())
-    assert states["validate_config"] == "failed" and finished == []
-    assert aws["emr"].list_clusters()["Clusters"] == []
+
+@pytest.mark.parametrize(
+    "deployment, form, message",
+    [
+        ({"emr": {"max_cost_usd": None}}, None, "ConfigError: emr.max_cost_usd: target emr needs a budget"),
+        (
+            {},
+            {"overrides": ["emr.max_core_instances=200"]},
+            "ConfigError: emr.max_core_instances: a deployment setting, which a run cannot change: this DAG's "
+            "emr.max_core_instances is 10",
+        ),
+        (
+            {},
+            {"overrides": ["emr.idle_timeout_minutes=10080"]},
+            "ConfigError: emr.idle_timeout_minutes: a deployment setting, which a run cannot change",
+        ),
+        (
+            {},
+            {"max_steps": 100_000},
+            "ConfigError: stage train needs a step time limit of",
+        ),
+    ],
+    ids=["no-budget", "raised-cap", "7-day-idle-timeout", "longer-training"],
+)
+def test_a_run_over_a_bound_of_its_bill_fails_before_any_cluster_exists(
+    aws, emr_defaults, run_job_flow_requests, deployment, form, message
+):
+    amend_deployment(emr_defaults, deployment)
+    assert message in refusal(aws, form)
+    assert run_job_flow_requests == []
 
 
 @pytest.mark.parametrize(
@@ -723,43 +864,75 @@ def test_an_account_setting_that_cannot_work_fails_before_any_cluster_exists(
     ],
     ids=["cp1252", "utf-16", "binary"],
 )
-def test_a_corpus_object_that_is_not_text_fails_before_any_cluster_exists(
-    airflow_db, aws, capfd, run_job_flow_requests, body, problem
-):
+def test_a_corpus_object_that_is_not_text_fails_before_any_cluster_exists(aws, run_job_flow_requests, body, problem):
     aws["s3"].put_object(Bucket=BUCKET, Key="corpus/windows.txt", Body=body)
-    dag_run, states, finished = run_dag(aws)
+    refused = refusal(aws)
 
-    logged = "".join(capfd.readouterr())
-    assert f"PipelineError: corpus file s3://{BUCKET}/corpus/windows.txt {problem}" in logged
-    assert "set data.bad_files=skip to leave such files out" in logged
-    assert states["validate_config"] == "failed" and run_job_flow_requests == []
+    assert f"PipelineError: corpus file s3://{BUCKET}/corpus/windows.txt {problem}" in refused
+    assert "set data.bad_files=skip to leave such files out" in refused
+    assert run_job_flow_requests == []
 
 
-def test_a_run_cannot_move_the_cluster_to_another_region_or_connection(airflow_db, aws, capfd):
+def test_a_run_cannot_move_the_cluster_to_another_region_or_connection(aws):
     """The cluster's tasks were built with the DAG's region and connection when Airflow parsed it."""
-    dag_run, states, finished = run_dag(aws, form={"overrides": ["emr.region=us-west-2"]})
+    assert (
+        "ConfigError: emr.region: a deployment setting, which a run cannot change: this DAG's emr.region is None"
+        in (refusal(aws, {"overrides": ["emr.region=us-west-2"]}))
+    )
 
-    assert "ConfigError: emr.region: this DAG's emr.region is None" in "".join(capfd.readouterr())
-    assert states["validate_config"] == "failed" and finished == []
-    assert aws["emr"].list_clusters()["Clusters"] == []
+
+@pytest.mark.parametrize("name", deployment_settings())
+def test_a_run_changing_any_deployment_setting_is_refused_before_any_cluster_exists(aws, run_job_flow_requests, name):
+    refused = refusal(aws, {"overrides": [f"{name}=changed-by-a-run"]})
+    assert refused.startswith(
+        f"ConfigError: {name}: a deployment setting, which a run cannot change: this DAG's {name}"
+    )
+    assert run_job_flow_requests == []
+
+
+@pytest.mark.parametrize(
+    "corpus", ["~/.aws/credentials", f"s3://{BUCKET}/lake/*", f"s3://{BUCKET}/corpus-private/a.txt", "s3://other/a.txt"]
+)
+def test_a_run_reading_a_corpus_outside_the_deployments_roots_is_refused_before_any_cluster_exists(
+    aws, run_job_flow_requests, corpus
+):
+    refused = refusal(aws, {"corpus": corpus})
+    assert refused.startswith("ConfigError: corpus: ") and "is outside the folders and prefixes" in refused
+    assert f"corpus_roots: s3://{BUCKET}/corpus/" in refused
+    assert run_job_flow_requests == []
 
 
 def test_stage_tasks_wait_as_long_as_their_stage_and_terminate_is_a_teardown(emr_defaults):
     dag = runpy.run_path(str(DAG_FILE))["dag"]
     config = load_config(overrides=OVERRIDES)
-    for stage_name in STAGE_NAMES:
-        sensor, limits = dag.get_task(stage_name), emr.sensor_limits(stage_name, config)
+    for stage_name in EMR_STEP_NAMES:
+        sensor, limits = dag.get_task(stage_name), emr_steps.sensor_limits(stage_name, config)
         assert (float(sensor.timeout), sensor.poke_interval) == (limits["timeout"], limits["poke_interval"])
         assert sensor.region_name == config.emr.region and sensor.aws_conn_id == config.emr.aws_conn_id
         assert sensor.deferrable is False  # its checks of a failed step run in poke
-        assert sensor.retries == emr.STEP_RETRIES == 1
-    assert dag.get_task("train").timeout > dag.get_task("window").timeout
+        assert sensor.retries == emr_steps.STEP_RETRIES == 1
+    assert dag.get_task("train").timeout > dag.get_task("window").timeout > dag.get_task(CLUSTER_CHECK.name).timeout
     assert dag.get_task("create_cluster").retries == 0
     wait = dag.get_task("wait_for_cluster")
-    startup = emr.startup_limits(config)
+    startup = emr_cluster.startup_limits(config)
     assert (float(wait.timeout), wait.poke_interval, wait.mode) == (startup["timeout"], 1, "reschedule")
-    assert (
-        "create_cluster" in wait.upstream_task_ids and "wait_for_cluster" in dag.get_task("tokenize").upstream_task_ids
-    )
+    # wait_for_cluster >> smoke >> tokenize: the cluster check runs first, on the cluster once it is ready
+    assert "create_cluster" in wait.upstream_task_ids
+    assert dag.get_task(CLUSTER_CHECK.name).upstream_task_ids == {
+        "validate_config",
+        "create_cluster",
+        "wait_for_cluster",
+    }
+    assert dag.get_task("tokenize").upstream_task_ids == {"validate_config", "create_cluster", CLUSTER_CHECK.name}
     terminate = dag.get_task("terminate_cluster")
-    assert terminate.is_teardown and terminate.upstream_task_ids == {"create_cluster", "collect"}
+    assert terminate.is_teardown and terminate.upstream_task_ids == {"validate_config", "create_cluster", "collect"}
+
+
+def test_with_an_alert_topic_every_task_alerts_on_failure_the_teardowns_too(emr_defaults):
+    amend_deployment(emr_defaults, {"alerts": {"sns_topic_arn": "arn:aws:sns:us-east-1:123456789012:alerts"}})
+    dag = runpy.run_path(str(DAG_FILE))["dag"]
+
+    assert {"terminate_cluster", "end_orphaned_clusters"} <= set(dag.task_ids)
+    for task in dag.tasks:
+        (callback,) = task.on_failure_callback
+        assert isinstance(callback, FailureAlert), task.task_id

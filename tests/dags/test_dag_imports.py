@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import yaml
 
 from pipeline.config import REPO_ROOT
@@ -94,31 +95,32 @@ def test_the_emr_dag_parses_and_builds_its_cluster_and_steps_without_spark_or_te
         dagbag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
         assert dagbag.import_errors == {}, dagbag.import_errors
 
-        from include import emr
-        from pipeline.stages import STAGE_NAMES
+        from include import emr_cluster, emr_cost, emr_steps
+        from pipeline.stages import EMR_STEP_NAMES
 
         dag = dagbag.dags["gpt_pipeline"]
-        cluster = {"create_cluster", "wait_for_cluster", *STAGE_NAMES, "terminate_cluster"}
+        cluster = {"create_cluster", "wait_for_cluster", *EMR_STEP_NAMES, "terminate_cluster", "end_orphaned_clusters"}
         assert set(dag.task_ids) == {"validate_config", *cluster, "collect", "promote", "prune_runs"}, dag.task_ids
         assert dag.get_task("terminate_cluster").is_teardown
 
         # What validate_config works out before any cluster exists.
         config = load_config(defaults_path())
         assert config.target == "emr"
-        request = emr.job_flow_overrides(config, "run-1")
+        request = emr_cluster.job_flow_overrides(config, "run-1")
         assert request["Instances"]["InstanceGroups"], request
-        for stage in STAGE_NAMES:
-            step = emr.stage_step(stage, config, "run-1")
+        for stage in EMR_STEP_NAMES:
+            step = emr_steps.stage_step(stage, config, "run-1")
             assert step["HadoopJarStep"]["Args"], step
-            assert emr.sensor_limits(stage, config)["timeout"] > 0
-        assert emr.startup_limits(config)["timeout"] > 0
-        emr.check_sensor_limits(config, config)
-        hourly, hours = emr.check_budget(config, config)
+            assert emr_steps.sensor_limits(stage, config)["timeout"] > 0
+        assert emr_cluster.startup_limits(config)["timeout"] > 0
+        emr_steps.check_sensor_limits(config, config)
+        hourly, hours = emr_cost.check_budget(config, config)
         assert hourly > 0 and hours > 0
         """,
     )
 
 
+@pytest.mark.airflow
 def test_the_emr_dag_runs_on_moto_without_spark_or_tensorflow(tmp_path):
     """The whole run as tests/dags/test_dag_emr.py runs it on moto: validate_config uploading the
     run, the cluster, every stage's step, collect's report with the cluster's steps, promote,
@@ -131,6 +133,6 @@ def test_the_emr_dag_runs_on_moto_without_spark_or_tensorflow(tmp_path):
         exit_code = pytest.main(["-p", "no:cacheprovider", "-q", {EMR_RUN_TEST!r}])
         assert exit_code == 0, f"pytest exit code {{exit_code}}"
         """,
-        timeout_s=600,
+        timeout_s=480,  # below the test's time-out, so that the nested run's output is what fails it
     )
     assert "1 passed" in output, output

@@ -4,22 +4,21 @@ inactive outlet fails promote with AirflowInactiveAssetInInletOrOutletException.
 
 from __future__ import annotations
 
-import yaml
+import pytest
 from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
 from airflow.models.asset import AssetActive
 from airflow.utils.session import create_session
 
 from include.airflow_names import DAG_ID
 from pipeline.config import REPO_ROOT
-from pipeline.config_files import DEFAULT_CONFIG_PATH, read_yaml
-from pipeline.overrides import apply_overrides
+from tests.deployments import deploy
+
+pytestmark = pytest.mark.airflow  # a reset Airflow database
 
 
 def parse_into_db(tmp_path, monkeypatch, bucket: str):
     """Parse the DAG with s3.bucket = bucket as Airflow's DAG processor does, into its database."""
-    config = tmp_path / f"{bucket}.yaml"
-    config.write_text(yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"s3": {"bucket": bucket}})))
-    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(config))
+    deploy(monkeypatch, tmp_path / f"{bucket}.yaml", {"s3": {"bucket": bucket}})
     dagbag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
     assert dagbag.import_errors == {}
     sync_bag_to_db(dagbag, "dags-folder", None)

@@ -3,6 +3,7 @@ multi-worker TensorFlow, and the record collected through S3Hook to a moto S3 se
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -12,14 +13,17 @@ import signal
 import sqlite3
 import subprocess
 import urllib.request
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from selenium.webdriver.common.by import By
 
+from include.airflow_names import DAG_ID
 from include.report_link import REPORT_URL_KEY, RunReportLink
-from local_platform.airflow_runner import AIRFLOW, DAG_ID, prepare
+from local_platform import airflow_home, airflow_runner, mlflow_local, run_command
+from local_platform.airflow_home import AIRFLOW, prepare
 from local_platform.moto_s3 import LocalS3
 from pipeline import lake, run_folder
 from pipeline.config import REPO_ROOT
@@ -27,6 +31,7 @@ from pipeline.config_files import load_config
 from pipeline.stages import STAGE_NAMES
 from spark_jobs.training import tensorboard_log
 from tests.conftest import SMALL_DATA, write_slice
+from tests.deployments import deployment_env
 from tests.e2e.browser import chromium, full_page_screenshot
 
 BUCKET = load_config().s3.bucket
@@ -41,6 +46,11 @@ SMALL_RUN = [
     "train.checkpoint_interval=20",
     "generate.max_new_tokens=20",
 ]
+# One `airflow dags test`: the whole run on the slice takes a few minutes on 2 cores, several times
+# that on a loaded machine whose stages first record their JVM class archives (docs/benchmarks.md).
+DAG_RUN_LIMIT_S = 900
+# Each test may start Airflow's home (local_airflow: `airflow db migrate`) and one DAG run.
+pytestmark = pytest.mark.timeout(DAG_RUN_LIMIT_S + 300)
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +61,10 @@ def local_airflow(tmp_path_factory):
         yield prepare(home, s3), s3, home
 
 
-def dags_test(env: dict, conf: dict, timeout_s: int = 900) -> tuple[int, str]:
-    """Exit code and output of `airflow dags test`; on time-out its whole process group is killed
-    (Spark and TensorFlow processes included) and the test fails."""
+def dags_test(env: dict, conf: dict) -> tuple[int, str]:
+    """Exit code and output of `airflow dags test`; after DAG_RUN_LIMIT_S the test fails with its
+    output. Whatever ends the wait, its whole process group is killed (Spark and TensorFlow processes
+    included), also when the test's own time-out interrupts it."""
     process = subprocess.Popen(
         [str(AIRFLOW), "dags", "test", DAG_ID, "--conf", json.dumps(conf)],
         env=env,
@@ -64,11 +75,14 @@ def dags_test(env: dict, conf: dict, timeout_s: int = 900) -> tuple[int, str]:
         start_new_session=True,
     )
     try:
-        output, _ = process.communicate(timeout=timeout_s)
+        output, _ = process.communicate(timeout=DAG_RUN_LIMIT_S)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
-        pytest.fail(f"airflow dags test did not finish in {timeout_s} s:\n{output[-5000:]}")
+        pytest.fail(f"airflow dags test did not finish in {DAG_RUN_LIMIT_S} s:\n{output[-5000:]}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # what outlived Airflow, or all of it after an interruption
     return process.returncode, output
 
 
@@ -83,34 +97,17 @@ def last_run_states(home) -> tuple[str, str, dict[str, str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "form, message",
-    [
-        ({"stride": 0}, "invalid configuration: data.stride: Input should be greater than or equal to 1 (got 0)"),
-        (
-            {"block_size": 4096, "stride": 2048, "batch_size": 512},
-            "ConfigError: training needs about 586,770 MB per worker (runtime 1,000,",
-        ),
-        (
-            {"overrides": ["schedule=@daily"]},
-            "ConfigError: schedule: this DAG's schedule is None, read from pipeline.yaml when Airflow parses the DAG; "
-            "a run cannot change it (got '@daily')",
-        ),
-        (
-            {"overrides": ["s3.prefix=elsewhere"]},
-            "ConfigError: s3.prefix: this DAG's s3.prefix is 'runs', read from pipeline.yaml when Airflow "
-            "parses the DAG; "
-            "a run cannot change it (got 'elsewhere')",
-        ),
-    ],
-    ids=["bad value", "model too big for this machine", "schedule", "record prefix"],
-)
-def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, tmp_path, form, message):
+def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, tmp_path):
+    """Through Airflow once; the messages of each refusal are unit-tested (tests/dags/test_dag.py,
+    tests/include/test_preflight.py, tests/spark_jobs/test_memory.py), and a bad corpus goes through
+    `make run` (tests/local_platform/test_run_command.py). The value breaks a rule between fields,
+    which the form itself cannot check (a value out of its field's range is refused at trigger,
+    tests/include/test_trigger_form.py)."""
     env, _, home = local_airflow
-    form = {**form, "overrides": [f"lake={tmp_path / 'lake'}", *form.get("overrides", [])]}
-    code, output = dags_test(env, form)
+    deployed = deployment_env(tmp_path / "pipeline.yaml", {"lake": str(tmp_path / "lake")}, env)
+    code, output = dags_test(deployed, {"block_size": 32, "stride": 64})
     assert code != 0
-    assert message in output
+    assert "invalid configuration: data.stride (64) must not exceed data.block_size (32)" in output
     _, state, tasks = last_run_states(home)
     assert state == "failed"
     assert tasks["validate_config"] == "failed"
@@ -118,57 +115,40 @@ def test_a_bad_form_value_fails_validate_config_naming_the_field(local_airflow, 
     assert not (tmp_path / "lake").exists()  # no run folder for a run that never started
 
 
-@pytest.mark.slow
-def test_windows_too_big_for_the_lakes_disk_fail_validate_config(local_airflow, tmp_path):
-    env, _, home = local_airflow
-    huge = tmp_path / "huge.txt"
-    with huge.open("wb") as file:
-        file.truncate(2 * 10**12)  # sparse
-    code, output = dags_test(env, {"corpus": str(huge), "stride": 1, "overrides": [f"lake={tmp_path / 'lake'}"]})
-    assert code != 0
-    assert "PipelineError: the run's windows and TFRecords need at least" in output
-    _, state, tasks = last_run_states(home)
-    assert state == "failed" and tasks["validate_config"] == "failed"
-    assert not (tmp_path / "lake").exists()
-
-
-@pytest.mark.slow
-def test_a_bad_corpus_fails_tokenize_without_a_retry(local_airflow, tmp_path):
-    env, _, home = local_airflow
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_bytes(b"To be, or not to be\n" * 500 + b"\x00")
-    code, output = dags_test(env, {"corpus": str(corpus), "overrides": [f"lake={tmp_path / 'lake'}"]})
-    assert code != 0
-    assert f"corpus file {corpus.as_uri()} looks binary (NUL byte at offset 10000)" in output
-    run_id, state, tasks = last_run_states(home)
-    assert state == "failed" and tasks["tokenize"] == "failed"
-    with sqlite3.connect(home / "airflow.db") as db:
-        (tries,) = db.execute(
-            "SELECT try_number FROM task_instance WHERE run_id = ? AND task_id = 'tokenize'", (run_id,)
-        ).fetchone()
-    assert tries == 1, "bad input is not retried"
-
-
 @pytest.fixture(scope="module")
 def collected_run(local_airflow, tmp_path_factory, shakespeare):
-    """One whole DAG run on a slice of tinyshakespeare, with an older collected run of the same
-    name in the lake (keep_runs=1 leaves only the new one): what the tests below check."""
-    env, s3, home = local_airflow
+    """One whole DAG run by `make run` (its Python part, in this process) on a slice of
+    tinyshakespeare, with an older collected run of the same name in the lake (keep_runs=1 leaves
+    only the new one): what the tests below check. Its moto server is the module's, kept after the
+    command so that the record can be read."""
+    _, s3, home = local_airflow
     tmp_path = tmp_path_factory.mktemp("collected-run")
     corpus = write_slice(tmp_path, shakespeare)
+    mlflow_store = f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
     older = tmp_path / "lake" / run_folder.RUNS_FOLDER / "e2e-older"
     (older / run_folder.MODEL_FOLDER).mkdir(parents=True)
-    (older / run_folder.REPORT_JSON).write_text(json.dumps({"run": "e2e-older"}))
+    (older / run_folder.REPORT_JSON).write_text(
+        json.dumps({"run": "e2e-older", "collected_at": "2026-01-01T00:00:00Z"})
+    )
     (older / run_folder.CONFIG_FILE).write_text(json.dumps({"run_name": "e2e", "corpus": [f"file://{corpus}"]}))
-    overrides = [f"lake={tmp_path / 'lake'}", "keep_runs=1", *SMALL_RUN]
-    code, output = dags_test(env, {"corpus": str(corpus), "run_name": "e2e", "overrides": overrides})
+    settings = [f"lake={tmp_path / 'lake'}", "keep_runs=1", "run_name=e2e", *SMALL_RUN]
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        patch.setattr(airflow_home, "AIRFLOW_HOME", home)
+        patch.setattr(run_command, "LocalS3", lambda buckets: contextlib.nullcontext(s3))
+        patch.setenv(mlflow_local.URI_SETTING, mlflow_store)
+        code = airflow_runner.main(["run", "--corpus", str(corpus), *(f"--set={item}" for item in settings)])
+    (log,) = sorted((home / "logs").glob("run-*.log"))[-1:]
     run_id, state, tasks = last_run_states(home)
     client = s3.client()
     prefix = f"runs/{run_folder.safe_run_id(f'e2e-{run_id}')}/"
     listed = client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
     return SimpleNamespace(
         code=code,
-        output=output,
+        out=out.getvalue(),
+        err=err.getvalue(),
+        log=log,
+        output=log.read_text(),
         run_id=run_id,
         state=state,
         tasks=tasks,
@@ -180,14 +160,17 @@ def collected_run(local_airflow, tmp_path_factory, shakespeare):
         keys={item["Key"][len(prefix) :] for item in listed},
         read=lambda name: client.get_object(Bucket=BUCKET, Key=prefix + name)["Body"].read(),
         tmp_path=tmp_path,
-        run_dir=run_folder.run_dir(load_config(overrides=[{"lake": str(tmp_path / "lake")}]), f"e2e-{run_id}"),
+        run_dir=run_folder.run_dir(
+            load_config(overrides=[{"lake": str(tmp_path / "lake")}]), run_folder.safe_run_id(f"e2e-{run_id}")
+        ),
         s3_endpoint=s3.endpoint_url,
+        mlflow_store=mlflow_store,
     )
 
 
 @pytest.mark.slow
 def test_the_dag_run_succeeds_with_every_task(collected_run):
-    assert collected_run.code == 0, collected_run.output[-5000:]
+    assert collected_run.code == 0, collected_run.err + collected_run.output[-5000:]
     assert collected_run.state == "success"
     expected = ["validate_config", *STAGE_NAMES, "collect", "promote", "prune_runs"]
     assert collected_run.tasks == {task_id: "success" for task_id in expected}
@@ -257,7 +240,7 @@ def test_the_sample_continues_the_prompt_and_is_in_the_report(collected_run):
 @pytest.mark.slow
 def test_the_run_folder_keeps_the_report_and_keep_runs_removed_the_older_run(collected_run):
     config = load_config(overrides=[{"lake": str(collected_run.lake)}])
-    run = run_folder.run_dir(config, f"e2e-{collected_run.run_id}")
+    run = run_folder.run_dir(config, run_folder.safe_run_id(f"e2e-{collected_run.run_id}"))
     assert lake.read_text(lake.join(run, run_folder.REPORT_TEXT)) == collected_run.read(run_folder.REPORT_TEXT).decode()
     assert sorted(path.name for path in (collected_run.lake / run_folder.RUNS_FOLDER).iterdir()) == [
         run.rsplit("/", 1)[1]
@@ -351,7 +334,6 @@ def test_the_report_page_draws_training_at_every_log_interval_and_validation_at_
     config = json.loads(collected_run.read(run_folder.CONFIG_FILE))["train"]
     logged = [step for step in range(1, config["max_steps"] + 1) if step % config["log_interval"] == 0]
     assert [int(point["step"]) for point in points] == sorted({*logged, config["max_steps"]})
-    assert len(points) > len(evaluations)
     for chart, counts in (
         ("chart-loss", {"training": len(points), "validation": len(evaluations)}),
         ("chart-learning-rate", {"learning rate": len(points)}),
@@ -381,8 +363,65 @@ def test_the_report_pages_figures_are_the_reports(collected_run, report_page):
     assert shown("figure-parameters") == f"{report['train']['parameters']:,}"
     assert shown("figure-corpus-chars") == f"{sum(split['chars'] for split in report['splits'].values()):,}"
     settings = shown("settings")
-    assert f"train.max_steps {load_config().train.max_steps} 40" in settings and "keep_runs null 1" in settings
+    assert f"train.max_steps {load_config().train.max_steps} 40" in settings
+    assert "keep_runs" not in settings  # make run's SET put it in the DAG's config file: the deployment's, not a change
     spark = shown("spark-metrics")
     for stage, metrics in report["spark"].items():  # Spark's metrics where the stage recorded them
         assert metrics["app_id"] in spark if metrics else "not recorded" in spark, stage
     assert report_page.find_element(By.ID, "sample").get_attribute("textContent") == report["sample"]
+
+
+@pytest.mark.slow
+def test_make_run_prints_where_the_outputs_are_on_a_quiet_console(collected_run):
+    """The README's first command (its Python part): the summary after the run, one line per task."""
+    out = collected_run.out
+    (run_path,) = (collected_run.lake / run_folder.RUNS_FOLDER).iterdir()
+    assert f"run folder:       {run_path.as_uri()}\n" in out and (run_path / run_folder.REPORT_TEXT).is_file()
+    report = json.loads((run_path / run_folder.REPORT_JSON).read_text())
+    assert f"val nats/char:    {report['val_nats_per_char']:.4f}\n" in out
+    assert f"latest model:     s3://{BUCKET}/runs/latest/e2e.json -> {report['s3_uri']}model/\n" in out
+    assert "keep_runs:        removed 1 older run folder(s)" in out and "e2e-older" in out
+    assert f"generated sample:\n{report['sample']}" in out
+    assert list((collected_run.home / "tmp").iterdir()) == [], "the command's temporary files went with it"
+    check_the_quiet_console(out, collected_run.home)
+
+
+@pytest.mark.slow
+def test_make_run_tracks_the_run_in_mlflow_and_registers_its_model_as_champion(collected_run):
+    from mlflow import MlflowClient
+
+    mlflow = MlflowClient(collected_run.mlflow_store)
+    (run,) = mlflow.search_runs([mlflow.get_experiment_by_name("gpt-pipeline").experiment_id])
+    report = json.loads(collected_run.read(run_folder.REPORT_JSON))
+    assert run.info.status == "FINISHED" and run.info.run_name == report["run"]
+    assert run.data.tags["airflow.run_id"] == collected_run.run_id and run.data.tags["gpt_pipeline.target"] == "local"
+    assert run.data.tags["gpt_pipeline.record"] == report["s3_uri"]
+    assert run.data.params["train.max_steps"] == "40" and run.data.params["corpus"] == str(report["corpus"])
+    assert run.data.metrics["final_val_nats_per_char"] == report["val_nats_per_char"]
+    evaluations = mlflow.get_metric_history(run.info.run_id, "val_loss")
+    assert [point.step for point in evaluations] == [row["step"] for row in report["evaluations"]]
+    artifacts = [item.path for item in mlflow.list_artifacts(run.info.run_id, "model")]
+    assert "model/model.safetensors" in artifacts and "model/config.json" in artifacts
+    champion = mlflow.get_model_version_by_alias("e2e", "champion")
+    assert champion.run_id == run.info.run_id
+    assert f"MLflow:           {collected_run.mlflow_store} (`make mlflow` shows it" not in collected_run.out
+    assert f"MLflow:           {collected_run.mlflow_store}\n" in collected_run.out
+
+
+def check_the_quiet_console(out: str, home: Path) -> None:
+    """One line as each task starts and one as it ends, the training progress, the summary; all
+    of Airflow's, Spark's and TensorFlow's output in the full log, whose path comes first."""
+    (path,) = (home / "logs").glob("run-*.log")
+    assert out.startswith(f"full log:         {path}\n"), out[:2000]
+    tasks = ["validate_config", *STAGE_NAMES, "collect", "promote", "prune_runs"]
+    for task in tasks:
+        assert len(re.findall(rf"^task {task} +started$", out, re.MULTILINE)) == 1, out
+        assert len(re.findall(rf"^task {task} +success +[\d,]+ s$", out, re.MULTILINE)) == 1, out
+    assert len(re.findall(r"^task ", out, re.MULTILINE)) == 2 * len(tasks)
+    progress = re.findall(r"^\[train\] step \d+/\d+ loss .*$", out, re.MULTILINE)
+    assert progress, out
+    # The run's lines; the summary after them names paths, as long as the machine's paths are.
+    assert max(len(line) for line in out.split("\nrun folder:")[0].splitlines()) <= 200, out
+    assert "Running Spark version" not in out and "Running Spark version" in path.read_text()
+    assert all(line in path.read_text() for line in progress)
+    assert len(path.read_text().splitlines()) > 3 * len(out.splitlines())

@@ -11,7 +11,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from include.spark_submit import package_code
 from local_platform import stage_runner
 from pipeline import disk_room, lake, run_folder
 from pipeline.stages import PREPROCESSING_STAGES
@@ -19,37 +18,14 @@ from spark_jobs.text import corpus
 from spark_jobs.text.embedding_tables import sinusoidal
 from tests.conftest import new_run, small_config
 
-pytestmark = pytest.mark.slow
+# The module's first test runs the four preprocessing applications (`preprocessed`, tests/conftest.py;
+# the training tests use the same run), each a spark-submit, which on a loaded machine take minutes
+# the first time (their class archives).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def formula(n: int, block_size: int, stride: int) -> int:
     return (n - block_size - 1) // stride + 1 if n >= block_size + 1 else 0
-
-
-@pytest.fixture(scope="module")
-def code_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("code")
-    package_code(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def preprocessed(tmp_path_factory, shakespeare, code_dir):
-    """A run of the four stages on two files cut from the first ~60 kB of tinyshakespeare."""
-    tmp = tmp_path_factory.mktemp("e2e")
-    text = shakespeare.read_text(encoding="utf-8")[:60_000]
-    text = text[: text.rfind("\n") + 1]
-    middle = text.rfind("\n", 0, 40_000) + 1
-    folder = tmp / "corpus"
-    folder.mkdir()
-    texts = {"a.txt": text[:middle], "b.txt": text[middle:]}
-    for name, part in texts.items():
-        (folder / name).write_text(part, encoding="utf-8")
-    config = small_config(tmp, folder / "*.txt")
-    run = new_run(config, "e2e")
-    for stage in PREPROCESSING_STAGES:
-        stage_runner.submit_stage(stage, config, run, code_dir)
-    return config, run, {(folder / name).as_uri(): part for name, part in texts.items()}
 
 
 def read_folder(uri: str):
@@ -209,7 +185,7 @@ def test_a_bad_file_fails_the_application_with_exit_code_2(tmp_path, code_dir, c
     (folder / "latin1.txt").write_bytes("Grüße aus Köln\n".encode("latin-1") * 50)
     config = small_config(tmp_path, folder)
     run = new_run(config, "bad")
-    with pytest.raises(stage_runner.StageFailed, match="exit code 2"):
+    with pytest.raises(stage_runner.StageFailed, match=r"exit code 2: corpus file \S+latin1.txt is not UTF-8 text"):
         stage_runner.submit_stage("tokenize", config, run, code_dir)
     captured = capfd.readouterr()  # spark-submit merges the driver's stderr into its stdout
     errors = [line for line in (captured.out + captured.err).splitlines() if line.startswith("ERROR [tokenize]")]

@@ -2,10 +2,10 @@
 
 Starts Airflow with the documented UI command (`make airflow`: `airflow standalone` and a moto S3
 server) with the login page on, then drives headless Chromium (Debian's `chromium` and
-`chromium-driver` through Selenium) to log in, open gpt_pipeline, change Params in the trigger form
-and trigger it. The REST API is only read: to follow the run and to fetch the collect task's
-report. The run's record is checked on the moto server, and a screenshot of the finished run's
-grid view goes to test-artifacts/.
+`chromium-driver` through Selenium) to log in, open gpt_pipeline, see the trigger form refuse
+values out of their config fields' ranges, change Params in it and trigger it. The REST API is
+only read: to follow the run and to fetch the collect task's report. The run's record is checked
+on the moto server, and a screenshot of the finished run's grid view goes to test-artifacts/.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import re
 import secrets
 import shutil
 import signal
-import socket
+import stat
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import quote
@@ -35,49 +36,47 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
 from include.airflow_names import DAG_ID
+from local_platform import standalone
 from local_platform.moto_s3 import REGION
 from pipeline import run_folder
 from pipeline.config import REPO_ROOT
 from pipeline.config_files import load_config
 from pipeline.stages import STAGE_NAMES
+from tests.deployments import deployment_env
 from tests.e2e.browser import ARTIFACTS, chromium
+from tests.listening import free_port
+from tests.local_platform.airflow_commands import exposed_sockets, trigger
 
 TASKS = ["validate_config", *STAGE_NAMES, "collect", "promote", "prune_runs"]
 USER = "admin"
+LOGIN_LINE = re.compile(r"log in as admin, password in (?P<file>\S+) \(readable by you alone\)")
 UI_LINE = re.compile(r"Airflow UI: (?P<api>http://\S+) \(DAG \w+\); S3 \(moto\): (?P<s3>http://\S+);")
 STARTUP_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 900
 API_TIMEOUT_S = 30
 TYPING_BURST = 16  # characters
 MAX_STEPS = 12  # the training budget set in the form (the default is 1500)
+SECTIONS = ["data", "model", "training", "generation", "other"]  # the form's, in order
+# train.learning_rate: gt=0, which Airflow's form does not show: the trigger is refused.
+REFUSED_LEARNING_RATE = "Invalid input for param learning_rate: -1 is less than or equal to the minimum of 0"
+SPARK_STARTED = "Running Spark version"  # a stage's first line in the task log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(STARTUP_TIMEOUT_S + RUN_TIMEOUT_S + 120)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class AirflowUI:
     """`make airflow` running in its own process group, with the simple auth manager's login page."""
 
-    def __init__(self, home: Path, log_path: Path):
-        self.password = secrets.token_urlsafe(16)
-        passwords = home / "passwords.json"
-        home.mkdir(parents=True)
-        passwords.write_text(json.dumps({USER: self.password}))
-        env = dict(os.environ)
+    def __init__(self, home: Path, log_path: Path, env: dict[str, str]):
+        self.home = home
+        self.password = ""  # the one `make airflow` made up, read from the file it names
+        env = dict(env)
         env.update(
             {
                 "GPT_PIPELINE_AIRFLOW_HOME": str(home),
                 "AIRFLOW__API__PORT": str(free_port()),
                 "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                 "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             }
         )
         # The test session's Airflow settings (tests/conftest.py) are not the command's.
@@ -110,6 +109,8 @@ class AirflowUI:
             )
             if not self.api and (match := UI_LINE.search(self.log_path.read_text(errors="replace"))):
                 self.api, self.s3_endpoint = match.group("api"), match.group("s3")
+            if not self.password and (match := LOGIN_LINE.search(self.log_path.read_text(errors="replace"))):
+                self.password = json.loads(Path(match.group("file")).read_text())[USER]
             if self.api and self._dag_listed():
                 return
             time.sleep(2)
@@ -136,28 +137,33 @@ class AirflowUI:
         with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as response:
             return json.load(response)
 
-    def stop(self) -> None:
-        """Ctrl-C, as in a terminal: SIGINT to the command's process group, then wait for it to empty."""
+    def stop(self) -> bool:
+        """Ctrl-C, as in a terminal: SIGINT to the command's process group, then wait for it to
+        empty; True when it did, False when what was left had to be killed."""
         group = self.process.pid
         try:
             os.killpg(group, signal.SIGINT)
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + standalone.STANDALONE_GRACE_S + 60
             while time.monotonic() < deadline:
                 os.killpg(group, 0)  # raises once no process of the group is left
                 self.process.poll()
                 time.sleep(1)
             os.killpg(group, signal.SIGKILL)
+            return False
         except ProcessLookupError:
-            pass
-        self.process.wait()
-        self.log.close()
+            return True
+        finally:
+            self.process.wait()
+            self.log.close()
 
 
 @pytest.fixture
 def airflow_ui(tmp_path):
+    """`make airflow` deployed with its lake in tmp_path, and tmp_path/corpus (shakespeare_slice's) a corpus root."""
     ARTIFACTS.mkdir(exist_ok=True)
     home = tmp_path / "airflow_home"
-    ui = AirflowUI(home, ARTIFACTS / "ui-trigger-airflow.log")
+    deployment = {"lake": str(tmp_path / "lake"), "corpus_roots": [str(tmp_path / "corpus")]}
+    ui = AirflowUI(home, ARTIFACTS / "ui-trigger-airflow.log", deployment_env(tmp_path / "pipeline.yaml", deployment))
     try:
         ui.wait_until_ready()
         yield ui
@@ -208,9 +214,27 @@ def open_trigger_form(driver: WebDriver, ui: AirflowUI) -> WebElement:
     return wait.until(visible(By.CSS_SELECTOR, "[role=dialog][aria-modal=true]"))
 
 
+def form_field(form: WebElement, name: str) -> WebElement:
+    """A Param's field in the form, which names it element_{param}."""
+    return form.find_element(By.CSS_SELECTOR, f'[id="element_{name}"], [id="number-input:element_{name}"] input')
+
+
+def section_names(form: WebElement) -> list[str]:
+    return [button.text for button in form.find_elements(By.CSS_SELECTOR, "button[data-part=item-trigger]")]
+
+
+def unfold_section_of(driver: WebDriver, field: WebElement) -> None:
+    """Airflow opens the form with its sections folded, and unfolds one at a time."""
+    if not field.is_displayed():
+        section = field.find_element(By.XPATH, "./ancestor::*[@data-scope='accordion' and @data-part='item'][1]")
+        section.find_element(By.CSS_SELECTOR, "button[data-part=item-trigger]").click()
+        WebDriverWait(driver, 10).until(lambda _: field.is_displayed(), "the field's section did not unfold")
+
+
 def set_param(driver: WebDriver, form: WebElement, name: str, value) -> None:
-    """Replace a Param's value in the form, typing as a user would (the form names fields element_{param})."""
-    field = form.find_element(By.CSS_SELECTOR, f'[id="element_{name}"], [id="number-input:element_{name}"] input')
+    """Replace a Param's value in the form, typing as a user would."""
+    field = form_field(form, name)
+    unfold_section_of(driver, field)
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", field)
     field.send_keys(Keys.CONTROL, "a")
     field.send_keys(Keys.DELETE)
@@ -223,6 +247,20 @@ def set_param(driver: WebDriver, form: WebElement, name: str, value) -> None:
             lambda _, typed=text[:end]: field.get_attribute("value") == typed,
             f"the form's {name} field does not show what was typed: {text[:end]!r}",
         )
+
+
+def see_values_out_of_range_refused(driver: WebDriver, form: WebElement, ui: AirflowUI) -> None:
+    """A number field pulls a value typed past its minimum back to it as it loses focus
+    (train.max_steps: ge=1); a value past a bound it does not show is refused by Airflow's Param
+    validation as the form is sent, which names the Param and starts no run."""
+    set_param(driver, form, "max_steps", 0)
+    set_param(driver, form, "learning_rate", -1)
+    assert form_field(form, "max_steps").get_attribute("value") == "1"
+    form.find_element(By.CSS_SELECTOR, "[data-testid=trigger-dag-submit]").click()
+    WebDriverWait(driver, 30).until(
+        lambda _: REFUSED_LEARNING_RATE in form.text, f"the form does not show {REFUSED_LEARNING_RATE!r}"
+    )
+    assert ui.get(f"/api/v2/dags/{DAG_ID}/dagRuns")["dag_runs"] == []
 
 
 def wait_for_run(ui: AirflowUI) -> dict:
@@ -268,10 +306,24 @@ def save_grid_screenshot(driver: WebDriver, ui: AirflowUI, run_id: str) -> Path:
     return path
 
 
+def status_without_credentials(ui: AirflowUI, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{ui.api}{path}", timeout=API_TIMEOUT_S) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
 def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, browser, shakespeare_slice, tmp_path):
+    # `make airflow` hands out no token, and serves no DAG, to whoever comes without the password.
+    assert status_without_credentials(airflow_ui, "/auth/token") in (401, 403)
+    assert status_without_credentials(airflow_ui, f"/api/v2/dags/{DAG_ID}") in (401, 403)
+    assert stat.S_IMODE((airflow_ui.home / standalone.PASSWORDS_FILE).stat().st_mode) == 0o600
     lake_dir = tmp_path / "lake"
     log_in(browser, airflow_ui)
     form = open_trigger_form(browser, airflow_ui)
+    assert section_names(form)[: len(SECTIONS)] == SECTIONS
+    see_values_out_of_range_refused(browser, form, airflow_ui)
     form_values = {
         "corpus": shakespeare_slice,
         "vocab_size": 512,
@@ -280,11 +332,11 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
         "embedding_dim": 32,
         "max_steps": MAX_STEPS,
         "eval_interval": 6,
+        "learning_rate": load_config().train.learning_rate,  # the default again
         "max_new_tokens": 20,
         # One setting per line, for the knobs without a field of their own.
         "overrides": "\n".join(
             [
-                f"lake={lake_dir}",
                 "embedding.word2vec.max_sentences=2000",
                 "train.warmup_steps=2",
                 "train.log_interval=6",
@@ -311,7 +363,7 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
     config = load_config()
     bucket, prefix = config.s3.bucket, f"{config.s3.prefix}/{Path(report['run_folder']).name}/"
     assert report["s3_uri"] == f"s3://{bucket}/{prefix}"
-    assert report["run_folder"].startswith(lake_dir.as_uri()), "the run folder is not in the lake set in the form"
+    assert report["run_folder"].startswith(lake_dir.as_uri()), "the run folder is not in the deployment's lake"
     assert Path(report["run_folder"]).name.startswith(f"{shakespeare_slice.stem}-"), (
         "run_name left empty: the corpus names the run"
     )
@@ -360,3 +412,18 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
 
     screenshot = save_grid_screenshot(browser, airflow_ui, run_id)
     assert screenshot.stat().st_size > 10_000
+    stop_with_a_task_running(airflow_ui, shakespeare_slice)
+
+
+def stop_with_a_task_running(ui: AirflowUI, corpus: Path) -> None:
+    """Ctrl-C during a second run's stage: Airflow's scheduler would wait forever in its
+    LocalExecutor's shutdown (its workers outlive it after a second Ctrl-C); the command must
+    still end, and end them. Nothing of it listened beyond loopback meanwhile."""
+    stages_started = ui.log_path.read_text(errors="replace").count(SPARK_STARTED)
+    trigger(ui.home, {"corpus": str(corpus), "overrides": ["train.max_steps=20"]})
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while ui.log_path.read_text(errors="replace").count(SPARK_STARTED) == stages_started:
+        assert ui.process.poll() is None and time.monotonic() < deadline, f"no stage started:\n{ui.log_tail()}"
+        time.sleep(0.5)
+    assert exposed_sockets(ui.process.pid) == [], "a socket of `make airflow` listens beyond loopback"
+    assert ui.stop(), f"Airflow or Spark processes outlived `make airflow` after Ctrl-C:\n{ui.log_tail()}"

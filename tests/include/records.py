@@ -27,7 +27,17 @@ def finished_run(s3, run_dir: str, files: dict[str, bytes]) -> None:
 SHORT_FILE_WARNING = "corpus file file:///c/a.txt: its validation part has 4 tokens, fewer than one window (129)"
 
 
-def run_files(config_json: str, nats_per_char: float = 0.9) -> dict[str, bytes]:
+# The model's other formats, in a run folder whose train stage wrote them (spark_jobs.training.backups).
+MODEL_FORMAT_FILES = {
+    f"{run_folder.MODEL_HF_PATH}/config.json": b'{"model_type": "gpt2"}',
+    f"{run_folder.MODEL_HF_PATH}/model.safetensors": b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ",
+    f"{run_folder.MODEL_SAVED_MODEL_PATH}/saved_model.pb": b"\x00graph",
+    f"{run_folder.MODEL_SAVED_MODEL_PATH}/variables/variables.index": b"\x00index",
+}
+
+
+def run_files(config_json: str, nats_per_char: float = 0.9, model_formats: bool = True) -> dict[str, bytes]:
+    """A finished run's files; without model_formats, as a run trained before the model's other formats."""
     stats = run_folder.stats_path
     files = {stats(stage): json.dumps({"duration_s": 1.5}).encode() for stage in STAGE_NAMES}
     files[stats("window")] = json.dumps({"duration_s": 1.5, "warnings": [SHORT_FILE_WARNING]}).encode()
@@ -60,7 +70,7 @@ def run_files(config_json: str, nats_per_char: float = 0.9) -> dict[str, bytes]:
         f"{run_folder.TENSORBOARD_FOLDER}/events.out.tfevents.2.node.9.0.samples.v2": b"\x18sample events",
         f"{run_folder.TOKENS_FOLDER}/part-0.parquet": b"not part of the record",
     }
-    return files
+    return files | (MODEL_FORMAT_FILES if model_formats else {})
 
 
 def record(s3, run_name: str) -> dict[str, bytes]:
@@ -69,11 +79,13 @@ def record(s3, run_name: str) -> dict[str, bytes]:
     return {key[len(prefix) :]: client.get_object(Bucket=RECORD_BUCKET, Key=key)["Body"].read() for key in keys}
 
 
-def collected_run(s3, hook, tmp_path, run_id: str, nats_per_char: float, *settings: str) -> dict:
+def collected_run(
+    s3, hook, tmp_path, run_id: str, nats_per_char: float, *settings: str, model_formats: bool = True
+) -> dict:
     """The report of a run collected to the record bucket, named `books` whatever its id."""
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=books", *settings])
     run_dir = run_folder.run_dir(config, run_id)
-    finished_run(s3, run_dir, run_files(config.to_json(), nats_per_char))
+    finished_run(s3, run_dir, run_files(config.to_json(), nats_per_char, model_formats))
     return collect_record(run_dir, hook, STAGE_NAMES)
 
 

@@ -12,6 +12,8 @@ import pytest
 from include import class_archive
 from include.local_spark import spark_env
 
+pytestmark = pytest.mark.spark  # most of them start spark-submit's JVMs
+
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
 
 

@@ -62,6 +62,16 @@ def test_settings_that_cannot_work_on_an_account_are_named(hook, override, messa
         emr_checks.check_settings(emr_config(override), hook)
 
 
+def test_no_subnet_is_warned_of(caplog):
+    with caplog.at_level(logging.WARNING, logger="include.emr_checks"):
+        emr_checks.check_subnet(emr_config())
+    assert "emr.subnet_id: not set, so the nodes start in the default VPC's subnet, with public IP" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="include.emr_checks"):
+        emr_checks.check_subnet(emr_config("emr.subnet_id=subnet-0123456789abcdef0"))
+    assert caplog.text == ""
+
+
 def test_a_v2_service_role_with_a_subnet_passes(hook):
     emr_checks.check_settings(
         emr_config({"emr": {"service_role": "EMR_DefaultRole_V2", "subnet_id": "subnet-0123456789abcdef0"}}), hook

@@ -1,6 +1,7 @@
 """What a local run listens on: Spark's settings for the local target, the private network
 namespace of include/loopback_only.py, what happens where none can be made, and the moto and
-Airflow API servers' addresses. The end-to-end check during training is tests/e2e/test_loopback.py."""
+Airflow API servers' addresses. The end-to-end check during training is the two-worker test of
+tests/spark_jobs/test_train.py."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import textwrap
 
 import pytest
 
-from include import emr, local_spark, loopback_only, preflight
-from local_platform import airflow_runner, stage_runner
+from include import emr_steps, local_spark, loopback_only, preflight
+from local_platform import airflow_home, airflow_runner, stage_runner, standalone
 from local_platform.moto_s3 import LocalS3
 from pipeline.config_files import load_config
 from pipeline.errors import PipelineError
@@ -33,7 +34,7 @@ def test_local_spark_applications_bind_loopback_and_emr_steps_keep_sparks_defaul
     for stage in STAGE_NAMES:
         conf = conf_of(local_spark.local_argv(stage, config, "file:///run", tmp_path))
         assert conf["spark.driver.host"] == conf["spark.driver.bindAddress"] == "127.0.0.1", stage
-        step = conf_of(emr.stage_step(stage, emr_config, "run-1")["HadoopJarStep"]["Args"])
+        step = conf_of(emr_steps.stage_step(stage, emr_config, "run-1")["HadoopJarStep"]["Args"])
         assert not {"spark.driver.host", "spark.driver.bindAddress"} & set(step), stage
     # Spark binds its UI to SPARK_LOCAL_IP, or else to every interface.
     assert local_spark.spark_env()["SPARK_LOCAL_IP"] == "127.0.0.1"
@@ -131,7 +132,7 @@ def test_without_namespaces_training_stops_before_it_starts_naming_the_reason_an
 def test_without_namespaces_the_local_runner_stops_before_any_stage(no_namespaces, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(stage_runner, "run_pipeline", lambda *args: pytest.fail("a stage ran"))
     monkeypatch.setattr(preflight.memory, "check_local_training", lambda config: {})
-    monkeypatch.setattr(preflight.storage, "check_lake_room", lambda config, sizes: None)
+    monkeypatch.setattr(preflight.disk_room, "check_lake_room", lambda config, sizes: None)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("To be, or not to be, that is the question.\n" * 2000, encoding="utf-8")
     assert stage_runner.main(["--corpus", str(corpus), "--set", f"lake={tmp_path / 'lake'}"]) == 2
@@ -162,10 +163,10 @@ def test_the_moto_server_listens_on_loopback():
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::"])
 def test_make_airflow_refuses_an_api_server_beyond_loopback(host, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
+    monkeypatch.setattr(airflow_home, "AIRFLOW_HOME", tmp_path / "home")
     monkeypatch.setenv("AIRFLOW__API__HOST", host)
     assert airflow_runner.main(["ui"]) == 2
     assert f"ERROR AIRFLOW__API__HOST={host} is not a loopback address" in capsys.readouterr().err
     assert not (tmp_path / "home").exists(), "Airflow was prepared"
     for loopback in ("127.0.0.1", "localhost", "::1"):
-        airflow_runner.check_loopback(loopback)
+        standalone.check_loopback(loopback)

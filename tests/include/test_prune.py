@@ -12,12 +12,13 @@ import pytest
 
 from include.promote import promote_record
 from include.prune import remove_old_runs
-from include.record import RunFolder, collect_record
+from include.record import RECOLLECTED, StoredRun, collect_record
 from pipeline import lake, run_folder
 from pipeline.config_files import load_config
 from pipeline.stages import STAGE_NAMES
 from tests.include.records import (
     LAKE_BUCKET,
+    RECORD_BUCKET,
     finished_run,
     latest,
     record,
@@ -45,9 +46,9 @@ def test_keep_runs_removes_the_oldest_collected_runs_of_the_run_name(s3, hook, t
         collect_record(run_dir, hook, STAGE_NAMES)
 
     assert remove_old_runs(books[2], hook) == [books[0]]
-    written = RunFolder(books[1], hook).modified(run_folder.REPORT_JSON)  # what stands in for an older report's time
+    written = StoredRun(books[1], hook).modified(run_folder.REPORT_JSON)  # what stands in for an older report's time
     assert abs((datetime.now(timezone.utc) - written).total_seconds()) < 60
-    left = [folder.uri for folder in RunFolder(books[2], hook).siblings()]
+    left = [folder.uri for folder in StoredRun(books[2], hook).siblings()]
     assert left == sorted([*books[1:], sonnets, other_corpus, unfinished, without_setting])
     assert record(s3, "books-0")[f"{run_folder.MODEL_FOLDER}/{run_folder.MODEL_FILE}"] == b"\x00model bytes\xff", (
         "the record on S3 stays"
@@ -79,26 +80,26 @@ def test_a_run_folder_half_removed_does_not_look_collected_and_the_next_prune_fi
     for run_dir in (old, new):
         finished_run(s3, run_dir, run_files(config.to_json()))
         collect_record(run_dir, hook, STAGE_NAMES)
-    remove = RunFolder.remove
+    remove = StoredRun.remove
 
-    def fail_on_the_data(folder: RunFolder, *paths: str) -> None:
+    def fail_on_the_data(folder: StoredRun, *paths: str) -> None:
         if f"{run_folder.TOKENS_FOLDER}/part-0.parquet" in paths:
             raise OSError("the disk went away")
         remove(folder, *paths)
 
-    monkeypatch.setattr(RunFolder, "remove", fail_on_the_data)
+    monkeypatch.setattr(StoredRun, "remove", fail_on_the_data)
     with pytest.raises(OSError, match="went away"):
         remove_old_runs(new, hook)
-    left = RunFolder(old, hook)
+    left = StoredRun(old, hook)
     assert (
         left.has(f"{run_folder.TOKENS_FOLDER}/part-0.parquet")
         and left.has(run_folder.REMOVING)
         and not left.has(run_folder.REPORT_JSON)
     )
     assert not left.has(run_folder.stats_path("train")), "no stage of it looks complete either"
-    monkeypatch.setattr(RunFolder, "remove", remove)
+    monkeypatch.setattr(StoredRun, "remove", remove)
     assert remove_old_runs(new, hook) == [old], "the next prune finishes it"
-    assert [folder.uri for folder in RunFolder(new, hook).siblings()] == [new]
+    assert [folder.uri for folder in StoredRun(new, hook).siblings()] == [new]
     assert left.files() == []
 
 
@@ -139,6 +140,20 @@ def test_the_run_folder_latest_points_at_is_kept_whatever_its_age(s3, hook, tmp_
     assert "keep_runs: kept served-best, whose model the latest pointer names" in caplog.text
 
 
+def test_a_run_latest_points_at_is_kept_whichever_of_its_records_it_names(s3, hook, tmp_path):
+    """A run collected again has a record per collect; the pointer names the run folder all the same."""
+    config = load_config(
+        overrides=[{"lake": str(tmp_path / "lake")}, "run_name=resumed", "keep_runs=1", "s3.promote=if_better"]
+    )
+    old, new = (run_folder.run_dir(config, run_id) for run_id in ("resumed-old", "resumed-new"))
+    for run_dir, nats_per_char in ((old, 0.9), (new, 1.5), (old, 0.7)):  # the old run trained and collected again
+        finished_run(s3, run_dir, run_files(config.to_json(), nats_per_char))
+        promote_record(collect_record(run_dir, hook, STAGE_NAMES)["s3_uri"], hook)
+    assert latest(s3, "resumed")["record"].startswith(f"s3://{RECORD_BUCKET}/runs/resumed-old{RECOLLECTED}")
+    assert remove_old_runs(new, hook) == []
+    assert lake.exists(lake.join(old, run_folder.REPORT_JSON))
+
+
 def test_reports_of_an_older_version_are_ordered_by_their_files_time(s3, hook, tmp_path):
     """Their reports hold no collected_at: the report file's time stands in for it."""
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}, "run_name=books", "keep_runs=2"])
@@ -147,7 +162,7 @@ def test_reports_of_an_older_version_are_ordered_by_their_files_time(s3, hook, t
         finished_run(s3, run_dir, run_files(config.to_json()))
         collect_record(run_dir, hook, STAGE_NAMES)
         if days_ago:
-            report = RunFolder(run_dir, hook).read_json(run_folder.REPORT_JSON)
+            report = StoredRun(run_dir, hook).read_json(run_folder.REPORT_JSON)
             del report["collected_at"]
             path = Path(lake.local_path(lake.join(run_dir, run_folder.REPORT_JSON)))
             path.write_text(json.dumps(report))

@@ -4,18 +4,20 @@ S3Hook and the Airflow connection, against a moto server: from a local run folde
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 import pytest
 
-from include.record import collect_record
+from include.record import RECOLLECTED, collect_record
 from include.report_link import report_url
 from pipeline import lake, run_folder
 from pipeline.config_files import load_config
 from pipeline.errors import PipelineError
-from pipeline.stages import STAGE_NAMES
+from pipeline.stages import CLUSTER_CHECK, STAGE_NAMES
 from tests.include.records import (
     LAKE_BUCKET,
+    MODEL_FORMAT_FILES,
     RECORD_BUCKET,
     SHORT_FILE_WARNING,
     finished_run,
@@ -31,7 +33,8 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")} if lake_root == "local" else on_s3])
     run_dir = run_folder.run_dir(config, f"run-{len(lake_root)}")
     files = run_files(config.to_json())
-    finished_run(s3, run_dir, files)
+    stray = f"{run_folder.STATS_FOLDER}/{lake.temporary_name('train.json')}"  # a killed writer's: not the record's
+    finished_run(s3, run_dir, files | {stray: b"half a fi"})
 
     report = collect_record(run_dir, hook, STAGE_NAMES)
 
@@ -71,6 +74,57 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     # Stage warnings travel with the report, so that a run on EMR shows them too.
     assert report["warnings"] == [f"[window] {SHORT_FILE_WARNING}"]
     assert f"## Warnings\n\n- [window] {SHORT_FILE_WARNING}\n" in copied[run_folder.REPORT_TEXT].decode()
+    # Without the EMR target's cluster check (a local run, an older run folder), no such section.
+    assert report["cluster_check"] is None and "## Cluster check" not in text
+
+
+def test_a_run_collected_again_gets_a_record_folder_of_its_own_each_time(s3, hook, tmp_path):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    run_dir = run_folder.run_dir(config, "twice")
+    finished_run(s3, run_dir, run_files(config.to_json()))
+    first = collect_record(run_dir, hook, STAGE_NAMES)
+    whole = record(s3, "twice")
+
+    again = [collect_record(run_dir, hook, STAGE_NAMES)["s3_uri"] for _ in range(2)]
+
+    assert first["s3_uri"] == f"s3://{RECORD_BUCKET}/runs/twice/"
+    for uri in again:
+        assert re.fullmatch(rf"s3://{RECORD_BUCKET}/runs/twice{RECOLLECTED}\d{{8}}T\d{{6}}\.\d{{6}}Z/", uri), uri
+        assert set(record(s3, uri.split("/")[-2])) == set(whole)
+    assert len(set(again)) == 2 and record(s3, "twice") == whole  # the first record, untouched
+
+
+def test_a_collect_that_stopped_halfway_is_finished_in_its_record_folder(s3, hook, tmp_path):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    run_dir = run_folder.run_dir(config, "halfway")
+    finished_run(s3, run_dir, run_files(config.to_json()))
+    # What a collect that stopped before its report.json left: part of the record, a file the run
+    # folder has no longer, the report's other files.
+    left = {f"{run_folder.MODEL_FOLDER}/weights.h5": b"gone from the run", run_folder.REPORT_TEXT: b"# an old report"}
+    for path, data in left.items():
+        s3.client().put_object(Bucket=RECORD_BUCKET, Key=f"runs/halfway/{path}", Body=data)
+
+    report = collect_record(run_dir, hook, STAGE_NAMES)
+
+    assert report["s3_uri"] == f"s3://{RECORD_BUCKET}/runs/halfway/"
+    copied = record(s3, "halfway")
+    assert f"{run_folder.MODEL_FOLDER}/weights.h5" not in copied
+    assert copied[run_folder.REPORT_TEXT] != left[run_folder.REPORT_TEXT]
+    assert json.loads(copied[run_folder.REPORT_JSON]) == report
+
+
+def test_the_report_of_an_emr_run_shows_what_its_cluster_check_found(s3, hook, tmp_path):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    run_dir = run_folder.run_dir(config, "run-checked")
+    node = {"worker": 0, "address": "10.0.1.17", "versions": {"python": "3.11.14"}, "import_errors": {}}
+    found = {"master": "yarn", "nodes": [node], "distinct_addresses": True, "yarn": None, "executor_mb": {}}
+    check = {run_folder.stats_path(CLUSTER_CHECK.name): json.dumps(found | {"duration_s": 4.2}).encode()}
+    finished_run(s3, run_dir, run_files(config.to_json()) | check)
+
+    report = collect_record(run_dir, hook, STAGE_NAMES)
+
+    assert report["cluster_check"] == found
+    assert "| 0 | 10.0.1.17 | 3.11.14 |" in record(s3, "run-checked")[run_folder.REPORT_TEXT].decode()
 
 
 def test_a_run_folder_that_cannot_take_the_report_still_gets_a_whole_record(s3, hook, tmp_path, monkeypatch, caplog):
@@ -83,7 +137,7 @@ def test_a_run_folder_that_cannot_take_the_report_still_gets_a_whole_record(s3, 
     def refuse(self, relative, data):
         raise PermissionError(f"cannot write {relative}")
 
-    monkeypatch.setattr(record_module.RunFolder, "write", refuse)
+    monkeypatch.setattr(record_module.StoredRun, "write", refuse)
     report = collect_record(run_dir, hook, STAGE_NAMES)
     assert (
         set(record(s3, "read-only")) >= {run_folder.REPORT_JSON, run_folder.REPORT_TEXT}
@@ -112,7 +166,7 @@ def test_a_missing_bucket_is_named(s3, hook, tmp_path):
 
 @pytest.mark.parametrize("prefix", ["", "/", "records/2026"])
 def test_make_run_reads_the_report_collect_wrote_whatever_the_prefix(s3, hook, tmp_path, prefix):
-    from local_platform.airflow_runner import read_report
+    from local_platform.dag_test import read_report
 
     bucket = f"prefix-{len(prefix)}"
     s3.client().create_bucket(Bucket=bucket)
@@ -132,3 +186,26 @@ def test_the_run_report_link_opens_report_html_on_an_s3_endpoint_of_its_own(s3, 
     with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=30) as response:  # loopback
         assert response.headers["Content-Type"] == "text/html; charset=utf-8"
         assert response.read() == record(s3, "linked")[run_folder.REPORT_HTML]
+
+
+@pytest.mark.parametrize("model_formats", [True, False])  # False: a run trained before the other formats
+def test_the_record_holds_the_models_formats_and_the_report_says_how_to_load_each(s3, hook, tmp_path, model_formats):
+    config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
+    run_dir = run_folder.run_dir(config, f"formats-{model_formats}")
+    finished_run(s3, run_dir, run_files(config.to_json(), model_formats=model_formats))
+
+    report = collect_record(run_dir, hook, STAGE_NAMES)
+
+    copied = record(s3, run_dir.rsplit("/", 1)[1])
+    assert all(copied.get(path) == data for path, data in MODEL_FORMAT_FILES.items()) == model_formats
+    model = f"{report['s3_uri']}{run_folder.MODEL_FOLDER}/"
+    expected = {"keras": model}
+    if model_formats:
+        expected |= {"huggingface": f"{model}hf/", "saved_model": f"{model}saved_model/"}
+    assert {name: entry["uri"] for name, entry in report["model_formats"].items()} == expected
+    text, html = copied[run_folder.REPORT_TEXT].decode(), copied[run_folder.REPORT_HTML].decode()
+    for name, entry in report["model_formats"].items():
+        assert f"- {name}: {entry['uri']}\n  `{entry['load']}`\n" in text
+        assert f"<code>{entry['uri']}</code>" in html
+    assert ("AutoModelForCausalLM.from_pretrained" in text) == model_formats
+    assert ("tf.saved_model.load" in text) == model_formats

@@ -325,3 +325,49 @@ def test_the_sample_section_says_how_long_generation_took():
     assert f"## Sample\n\n{expected}\n\n```\n" in report_text(small_report(generation=generation))
     assert expected in Page(report_html(html_report(generation=generation))).text["generation"]
     assert "new tokens in" not in report_text(small_report())
+
+
+@pytest.mark.parametrize("sample", ["ROMEO: hark", "```\n# not a heading\n````\n[a link](http://x)", "`"])
+def test_report_md_holds_the_sample_in_one_code_block_whatever_backticks_it_holds(sample):
+    from markdown_it import MarkdownIt
+
+    text = report_text(small_report(sample=sample))
+    tokens = MarkdownIt("commonmark").parse(text[text.index("## Sample") :])
+    assert [token.type for token in tokens] == ["heading_open", "inline", "heading_close", "fence"]
+    assert tokens[-1].content == sample + "\n"
+
+
+CLUSTER_CHECK = {
+    "master": "yarn",
+    "nodes": [
+        {"worker": 0, "address": "10.0.1.17", "versions": {"python": "3.11.14", "tensorflow": "2.21.0"}},
+        {"worker": 1, "address": "10.0.1.18", "versions": {"python": "3.11.14"}},  # an older check's, say
+    ],
+    "distinct_addresses": True,
+    "yarn": {"yarn.scheduler.maximum-allocation-mb": 28672},
+    "executor_mb": {"spark.executor.memory": 6656, "spark.executor.memoryOverhead": 19968},
+}
+
+
+def test_the_report_shows_what_the_cluster_check_found_on_each_node():
+    text = report_text(small_report(cluster_check=CLUSTER_CHECK))
+    assert (
+        "## Cluster check\n\nWhat the smoke step found on the core nodes before the first stage.\n\n"
+        "- addresses: each training worker on a node of its own\n"
+        "- an executor asks for spark.executor.memory 6,656 MB + spark.executor.memoryOverhead 19,968 MB\n"
+        "- YARN's limits: yarn.scheduler.maximum-allocation-mb 28,672 MB\n\n"
+        "| worker | address | python | tensorflow |\n|---|---|---|---|\n"
+        "| 0 | 10.0.1.17 | 3.11.14 | 2.21.0 |\n| 1 | 10.0.1.18 | 3.11.14 | ? |\n"
+    ) in text
+    page = report_html(small_report(cluster_check=CLUSTER_CHECK))
+    assert "<h2>Cluster check</h2>" in page and "<td>10.0.1.18</td>" in page
+    assert "<li>YARN&#39;s limits: yarn.scheduler.maximum-allocation-mb 28,672 MB</li>" in page
+    rehearsed = CLUSTER_CHECK | {"master": "spark://127.0.0.1:7077", "yarn": None}
+    assert "- YARN's limits: no YARN to check against (master spark://127.0.0.1:7077)\n" in report_text(
+        small_report(cluster_check=rehearsed)
+    )
+
+
+def test_a_run_without_a_cluster_check_has_no_such_section():
+    for report in (small_report(), small_report(cluster_check=None)):
+        assert "Cluster check" not in report_text(report) and "Cluster check" not in report_html(report)

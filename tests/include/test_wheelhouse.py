@@ -5,6 +5,7 @@ from PyPI."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -14,15 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from include import emr, emr_tasks, wheelhouse
+from include import emr_cluster, emr_code, emr_tasks, wheelhouse
 from local_platform.moto_s3 import LocalS3
 from pipeline import run_folder
 from pipeline.config_files import load_config
 from pipeline.errors import PipelineError
 
+pytestmark = pytest.mark.pip  # most of them build wheels or a virtual environment with pip
+
 CODE_BUCKET, LAKE_BUCKET = "gpt-pipeline", "test-lake"
 EMR_TARGET = ["target=emr", f"lake=s3://{LAKE_BUCKET}/pipeline"]
-RUN_ID = "tinyshakespeare-manual__2026-11-25T08:00:00+00:00"
+RUN_ID = "tinyshakespeare-manual__2026-11-25T08_00_00_00_00"  # as the DAG passes it (run_folder.safe_run_id)
 # tinya needs tinyb: the bootstrap must install both from the wheelhouse.
 PACKAGES = {"tinya": ["tinyb==1.0"], "tinyb": []}
 STUBS = {
@@ -80,8 +83,8 @@ def tiny_requirements(tmp_path, monkeypatch) -> tuple[Path, Path]:
     requirements, constraints = tmp_path / "requirements-jobs.txt", tmp_path / "constraints.txt"
     requirements.write_text("tinya==1.0\n")
     constraints.write_text("tinya==1.0\ntinyb==1.0\n")
-    monkeypatch.setitem(emr.RUN_FILES, "requirements-jobs.txt", requirements)
-    monkeypatch.setitem(emr.RUN_FILES, "constraints.txt", constraints)
+    monkeypatch.setitem(emr_code.RUN_FILES, "requirements-jobs.txt", requirements)
+    monkeypatch.setitem(emr_code.RUN_FILES, "constraints.txt", constraints)
     return requirements, constraints
 
 
@@ -100,20 +103,20 @@ def emr_config(*overrides: str):
 
 def test_the_hash_changes_when_either_requirements_file_changes(tiny_requirements):
     requirements, constraints = tiny_requirements
-    first = emr.requirements_hash()
-    assert emr.requirements_hash() == first
+    first = emr_code.requirements_hash()
+    assert emr_code.requirements_hash() == first
     requirements.write_text("tinya==1.0\ntinyb==1.0\n")
-    second = emr.requirements_hash()
+    second = emr_code.requirements_hash()
     constraints.write_text("tinya==1.0\ntinyb==1.1\n")
-    third = emr.requirements_hash()
+    third = emr_code.requirements_hash()
     assert len({first, second, third}) == 3
-    assert emr.wheelhouse_uri("s3://b/code/") == f"s3://b/code/wheelhouse/{third}"
+    assert emr_code.wheelhouse_uri("s3://b/code/") == f"s3://b/code/wheelhouse/{third}"
 
 
 def test_the_cluster_installs_from_the_wheelhouse_of_its_requirements():
     config = emr_config()
-    args = emr.job_flow_overrides(config, RUN_ID)["BootstrapActions"][0]["ScriptBootstrapAction"]["Args"]
-    assert args[2] == f"s3://{CODE_BUCKET}/code/wheelhouse/{emr.requirements_hash()}"
+    args = emr_cluster.job_flow_overrides(config, RUN_ID)["BootstrapActions"][0]["ScriptBootstrapAction"]["Args"]
+    assert args[2] == f"s3://{CODE_BUCKET}/code/wheelhouse/{emr_code.requirements_hash()}"
     assert args[1].startswith("/mnt/"), "the environment is on the node's data volume"
 
 
@@ -184,6 +187,7 @@ def test_the_manifest_is_written_last_and_a_wheelhouse_without_it_is_absent(s3, 
     manifest = json.loads(body)
     assert manifest["requirements_hash"] == "0123456789abcdef" and manifest["python"] == "3.11"
     assert sorted(manifest["wheels"]) == [wheel.name for wheel in built]
+    assert manifest["sha256"] == {wheel.name: hashlib.sha256(wheel.read_bytes()).hexdigest() for wheel in built}
 
 
 # --- the DAG's prepare task ---------------------------------------------------------------------
@@ -205,7 +209,7 @@ def test_prepare_builds_a_missing_wheelhouse_before_the_run_and_reuses_it(
 ):
     pip_index(monkeypatch, wheels)
     config = emr_config()
-    uri = emr.wheelhouse_uri(config.emr.code_prefix)
+    uri = emr_code.wheelhouse_uri(config.emr.code_prefix)
     assert not wheelhouse.is_complete(s3.client(), uri)
     sent = emr_tasks.prepare(config, RUN_ID, config)
     assert sent["job_flow_overrides"]["BootstrapActions"][0]["ScriptBootstrapAction"]["Args"][2] == uri
@@ -226,7 +230,7 @@ def test_prepare_refuses_the_run_when_the_wheelhouse_cannot_be_built(s3, hook, w
         emr_tasks.prepare(config, "refused-run", config)
     # Nothing of the run was uploaded, and its cluster is never requested: prepare failed.
     assert not objects(s3, CODE_BUCKET, "code/refused-run/")
-    assert not wheelhouse.is_complete(s3.client(), emr.wheelhouse_uri(config.emr.code_prefix))
+    assert not wheelhouse.is_complete(s3.client(), emr_code.wheelhouse_uri(config.emr.code_prefix))
     assert not objects(s3, LAKE_BUCKET, run_folder.run_dir(config, "refused-run").removeprefix(f"s3://{LAKE_BUCKET}/"))
 
 
@@ -244,10 +248,11 @@ def node(tmp_path, wheels, tiny_requirements) -> dict:
     fake_s3 = tmp_path / "s3"
     code, house = fake_s3 / "bucket" / "code" / "run-1", fake_s3 / "bucket" / "code" / "wheelhouse" / "abc"
     code.mkdir(parents=True)
-    for name, path in emr.RUN_FILES.items():
+    for name, path in emr_code.RUN_FILES.items():
         shutil.copy(path, code / name)
     shutil.copytree(wheels, house)
-    (house / wheelhouse.MANIFEST).write_text("{}")
+    sha256 = {wheel.name: wheelhouse.sha256(wheel) for wheel in house.glob("*.whl")}
+    (house / wheelhouse.MANIFEST).write_text(json.dumps({"sha256": sha256}))
     env = {
         "PATH": f"{stubs}:/usr/bin:/bin",
         "FAKE_S3": str(fake_s3),
@@ -260,7 +265,7 @@ def node(tmp_path, wheels, tiny_requirements) -> dict:
 def bootstrap(node: dict) -> subprocess.CompletedProcess:
     args = ["s3://bucket/code/run-1", str(node["venv"]), "s3://bucket/code/wheelhouse/abc"]
     return subprocess.run(
-        ["bash", str(emr.RUN_FILES["bootstrap.sh"]), *args], env=node["env"], capture_output=True, text=True
+        ["bash", str(emr_code.RUN_FILES["bootstrap.sh"]), *args], env=node["env"], capture_output=True, text=True
     )
 
 
@@ -291,3 +296,40 @@ def test_the_bootstrap_refuses_a_wheelhouse_without_its_manifest(node):
         "build it with python -m include.wheelhouse build"
     ) in done.stderr
     assert not node["venv"].exists(), "it stopped before building the environment"
+
+
+def test_the_bootstrap_refuses_a_wheel_not_as_built_before_installing_any(node):
+    wheel = next(node["house"].glob("tinyb-*.whl"))
+    data = bytearray(wheel.read_bytes())
+    data[-1] ^= 0xFF  # the same size, another content
+    wheel.write_bytes(bytes(data))
+    done = bootstrap(node)
+    assert done.returncode != 0
+    assert f"bootstrap: ERROR wheelhouse s3://bucket/code/wheelhouse/abc: {wheel.name} hash mismatch (sha256 " in (
+        done.stderr
+    )
+    assert not node["venv"].exists(), "it stopped before building the environment"
+
+
+def test_the_bootstrap_refuses_a_manifest_without_sha256s(node):
+    (node["house"] / wheelhouse.MANIFEST).write_text("{}")
+    done = bootstrap(node)
+    assert "its manifest.json lists no sha256 of its wheels: rebuild it with" in done.stderr
+    assert not node["venv"].exists()
+
+
+def test_a_stalled_dnf_fails_the_bootstrap_naming_it(node):
+    stub = Path(node["env"]["PATH"].split(":")[0]) / "dnf"
+    stub.write_text("#!/bin/bash\nexec sleep 30\n")
+    node["env"]["BOOTSTRAP_STEP_TIMEOUT_S"] = "1"
+    done = bootstrap(node)
+    assert done.returncode != 0
+    assert "bootstrap: ERROR timed out after 1 s: sudo dnf install -y -q python3.11 python3.11-pip" in done.stderr
+
+
+def test_every_download_and_dnf_has_a_time_limit():
+    script = emr_code.RUN_FILES["bootstrap.sh"].read_text()
+    lines = [line.strip() for line in script.splitlines() if not line.lstrip().startswith("#")]
+    commands = [line for line in lines if " s3 cp " in line or "dnf install" in line]
+    assert commands and all(command.startswith("within_time ") for command in commands), commands
+    assert 'step_timeout_s="${BOOTSTRAP_STEP_TIMEOUT_S:-600}"' in script

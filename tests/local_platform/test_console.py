@@ -1,6 +1,8 @@
 """The console of `make run` and `make rehearse`: which lines of `airflow dags test` it shows, and
-the log file that keeps them all. dags_test_failed.txt is a real transcript (a run whose corpus
-looks binary), trimmed, its paths shortened."""
+the log file that keeps them all, and why a failed run failed. dags_test_failed.txt is a real
+transcript (a run whose corpus looks binary), trimmed, its paths shortened; so are
+dags_test_corpus_refused.txt and dags_test_setting_refused.txt, from `make rehearse` runs whose
+validate_config refused a corpus that is not UTF-8 text and a setting a run cannot change."""
 
 from __future__ import annotations
 
@@ -9,11 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from local_platform import airflow_runner, console
+from local_platform import console, run_summary
+from local_platform.airflow_command import run_stoppable
+from local_platform.airflow_home import airflow_env
 from local_platform.moto_s3 import LocalS3
 
 TRANSCRIPT = Path(__file__).with_name("dags_test_failed.txt")
+CORPUS_REFUSED = Path(__file__).with_name("dags_test_corpus_refused.txt")
+SETTING_REFUSED = Path(__file__).with_name("dags_test_setting_refused.txt")
 AIRFLOW = "2026-11-25T23:21:37.490529Z [info     ] "
+AIRFLOW_FAIL = "airflow.sdk.exceptions.AirflowFailException: "
 
 
 @pytest.mark.parametrize(
@@ -48,7 +55,7 @@ AIRFLOW = "2026-11-25T23:21:37.490529Z [info     ] "
         ),
         (
             "2026-11-25T23:24:56.236577Z [error    ] Task failed with exception     [task] loc=task_runner.py:1639",
-            (console.SHOW, "ERROR Task failed with exception"),
+            (console.FAILED, ""),
         ),
         (
             "2026-11-25T23:24:56.236577Z [warning  ] keep_runs: left s3://b/r alone: denied [include.prune] loc=p:5",
@@ -58,7 +65,7 @@ AIRFLOW = "2026-11-25T23:21:37.490529Z [info     ] "
             f"{AIRFLOW}train: step 1,200 of 3,000 (40%), loss 3.2100, 25,000 tokens/s, about 12 min left "
             "(at 2026-11-25T23:21:37Z) [airflow.task.operators.include.emr_tasks.StageSensor] loc=emr_tasks.py:118",
             (
-                console.SHOW,
+                console.PROGRESS,
                 "train: step 1,200 of 3,000 (40%), loss 3.2100, 25,000 tokens/s, about 12 min left "
                 "(at 2026-11-25T23:21:37Z)",
             ),
@@ -98,28 +105,110 @@ class Clock:
         return self.now
 
 
+def fed(transcript: Path, verbose: bool = False) -> tuple[console.Console, io.StringIO]:
+    """A Console that read the transcript, and its log."""
+    log = io.StringIO()
+    states = {"validate_config": "failed" if transcript != TRANSCRIPT else "success", "tokenize": "failed"}
+    output = console.Console(log, states.__getitem__, verbose, clock=Clock())
+    for line in transcript.read_text().splitlines(keepends=True):
+        output(line)
+    return output, log
+
+
 def feed(verbose: bool, capsys) -> tuple[str, str]:
     """The transcript through a Console: (what the log got, what the console got)."""
-    log = io.StringIO()
-    states = {"validate_config": "success", "tokenize": "failed"}
-    output = console.Console(log, states.__getitem__, verbose, clock=Clock())
-    for line in TRANSCRIPT.read_text().splitlines(keepends=True):
-        output(line)
+    _, log = fed(TRANSCRIPT, verbose)
     return log.getvalue(), capsys.readouterr().out
 
 
 def test_the_log_gets_every_line_and_the_console_the_tasks_and_the_stages_error(capsys):
     log, shown = feed(False, capsys)
     assert log == TRANSCRIPT.read_text()
+    (raised,) = [line for line in log.splitlines() if line.startswith(AIRFLOW_FAIL)]
     assert shown.splitlines() == [
         "task validate_config    started",
         "task validate_config    success        7 s",
         "task tokenize           started",
         "ERROR [tokenize] corpus file file:///tmp/runs/bad.txt looks binary (NUL byte at offset 10000); "
         "set data.bad_files=skip to leave such files out",
-        "ERROR Task failed with exception",
+        console.shortened(f"ERROR tokenize failed: {raised.removeprefix(AIRFLOW_FAIL)}"),  # the traceback's end
         "task tokenize           failed         7 s",
     ]
+    assert "Traceback" not in shown and "File " not in shown
+
+
+CORPUS_REASON = (
+    "PipelineError: corpus file s3://gpt-pipeline-rehearsal/corpus/latin1.txt is not UTF-8 text (byte 0xe7 at offset "
+    "6); convert it first, from its encoding (iconv -f WINDOWS-1252 -t UTF-8 for most Western European text); set "
+    "data.bad_files=skip to leave such files out"
+)
+SETTING_REASON = (
+    "ConfigError: s3.prefix: this DAG's s3.prefix is 'runs', read from pipeline-rehearsal.yaml when Airflow parses "
+    "the DAG; a run cannot change it (got 'elsewhere'): edit pipeline-rehearsal.yaml"
+)
+
+
+@pytest.mark.parametrize("transcript, reason", [(CORPUS_REFUSED, CORPUS_REASON), (SETTING_REFUSED, SETTING_REASON)])
+def test_a_task_that_raised_shows_its_exception_and_keeps_it_for_the_last_line(transcript, reason, capsys):
+    output, _ = fed(transcript)
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[-2:] == [
+        console.shortened(f"ERROR validate_config failed: {reason}"),
+        "task validate_config    failed         7 s",
+    ]
+    assert "Traceback (most recent call last):" not in shown and "ERROR Task failed with exception" not in shown
+    assert output.failure() == ("validate_config", reason)
+
+
+def test_verbose_keeps_the_reason_too(capsys):
+    output, _ = fed(SETTING_REFUSED, verbose=True)
+    assert output.failure() == ("validate_config", SETTING_REASON)
+
+
+def test_a_failed_run_ends_with_the_log_and_the_first_failed_tasks_reason(tmp_path, capsys):
+    output, _ = fed(CORPUS_REFUSED)
+    capsys.readouterr()
+    console.print_failure(tmp_path / "rehearse.log", output, "rehearsal")
+    assert capsys.readouterr().err == (
+        f"full log:         {tmp_path / 'rehearse.log'}\n"
+        f"ERROR the gpt_pipeline rehearsal failed in task validate_config: {CORPUS_REASON}\n"
+    )
+
+
+def test_without_a_reason_the_last_line_points_at_the_log(tmp_path, capsys):
+    console.print_failure(tmp_path / "run.log", console.Console(io.StringIO(), lambda task: "failed"), "run")
+    assert capsys.readouterr().err.endswith("ERROR the gpt_pipeline run failed; see the task logs in the full log\n")
+
+
+def test_a_task_that_failed_and_then_succeeded_on_its_retry_is_not_the_reason(capsys):
+    states = iter(["up_for_retry", "success"])
+    output = console.Console(io.StringIO(), lambda task: next(states))
+    for _ in range(2):
+        output(f"{AIRFLOW}[DAG TEST] starting task_id=collect map_index=-1 [airflow.sdk.definitions.dag] loc=dag.py:1")
+        output("2026-11-25T23:24:56.236577Z [error    ] Task failed with exception     [task] loc=task_runner.py:1639")
+        output("Traceback (most recent call last):\n")
+        output('  File "/srv/include/record.py", line 3, in collect\n')
+        output("botocore.exceptions.EndpointConnectionError: Could not connect to the endpoint URL\n")
+        output(f"{AIRFLOW}[DAG TEST] end task task_id=collect map_index=-1 [airflow.sdk.definitions.dag] loc=dag.py:2")
+    assert "ERROR collect failed: EndpointConnectionError: Could not connect" in capsys.readouterr().out
+    assert output.failure() is None
+
+
+def test_the_step_sensors_progress_is_shown_once_per_change(capsys):
+    output = console.Console(io.StringIO(), lambda task: "up_for_reschedule")
+    logger = "[airflow.task.operators.include.emr_tasks.EmrStageSensor] loc=emr_tasks.py:234"
+    progress = [
+        "train: step 100 of 300 (33%), loss 5.1000, 900 tokens/s, about 2 min left (at 2026-11-25T23:21:37Z)",
+        "train: step 100 of 300 (33%), loss 5.1000, 900 tokens/s, about 2 min left (at 2026-11-25T23:21:37Z)",
+        "train: step 100 of 300 (33%), loss 5.1000, 900 tokens/s, about 2 min left (at 2026-11-25T23:21:37Z)",
+        "train: step 200 of 300 (67%), loss 4.2000, 900 tokens/s, about 1 min left (at 2026-11-25T23:22:37Z)",
+        "train: step 200 of 300 (67%), loss 4.2000, 900 tokens/s, about 1 min left (at 2026-11-25T23:22:37Z)",
+    ]
+    for event in progress:  # one poke each
+        output(f"{AIRFLOW}[DAG TEST] starting task_id=train map_index=-1 [airflow.sdk.definitions.dag] loc=dag.py:1")
+        output(f"{AIRFLOW}{event} {logger}")
+        output(f"{AIRFLOW}[DAG TEST] end task task_id=train map_index=-1 [airflow.sdk.definitions.dag] loc=dag.py:2")
+    assert capsys.readouterr().out.splitlines() == ["task train              started", progress[0], progress[3]]
 
 
 def test_a_sensor_poking_again_gets_one_start_and_one_end_line_and_a_retry_two(capsys):
@@ -166,9 +255,35 @@ def test_airflows_output_reaches_the_output_line_by_line_through_the_pipe(tmp_pa
     it, none to this command's."""
     lines: list[str] = []
     with LocalS3() as s3:
-        env = airflow_runner.airflow_env(tmp_path / "home", s3)
+        env = airflow_env(tmp_path / "home", s3)
         (tmp_path / "home" / "tmp").mkdir(parents=True)
-        assert airflow_runner.run_stoppable(env, "no-such-command", grace_s=5, output=lines.append) != 0
+        assert run_stoppable(env, "no-such-command", grace_s=5, output=lines.append) != 0
     assert any("invalid choice: 'no-such-command'" in line for line in lines), lines  # argparse's, on stderr
     assert all(line.endswith("\n") for line in lines)
     assert capfd.readouterr() == ("", "")
+
+
+# A sample a model could write: a new window title, a cleared screen, a C1 colour, a line overwritten.
+HOSTILE = "ROMEO: \x1b]0;owned\x07\x1b[2J\x9b31mhark\rthee,\tJuliet"
+HARMLESS = "ROMEO: \\x1b]0;owned\\x07\\x1b[2J\\x9b31mhark\\x0dthee,\tJuliet"
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_console_shows_control_characters_as_escapes_and_the_log_keeps_them(capsys, verbose):
+    log = io.StringIO()
+    console.Console(log, lambda task: "success", verbose)(f"WARNING [generate] {HOSTILE}\n")
+    assert capsys.readouterr().out == f"WARNING [generate] {HARMLESS}\n"
+    assert log.getvalue() == f"WARNING [generate] {HOSTILE}\n"
+
+
+def test_the_run_summary_prints_the_sample_with_control_characters_as_escapes(capsys):
+    report = {
+        "run_folder": "s3://lake/runs/r",
+        "s3_uri": "s3://b/runs/r/",
+        "final_val_loss": 4.4,
+        "val_nats_per_char": 1.7,
+        "warnings": [],
+        "sample": f"{HOSTILE}\nJULIET: ay me",
+    }
+    run_summary.print_report(report, "s3://b/runs/latest/r.json", {"model": "s3://b/runs/r/model/"})
+    assert capsys.readouterr().out.endswith(f"generated sample:\n{HARMLESS}\nJULIET: ay me\n")

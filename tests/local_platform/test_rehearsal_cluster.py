@@ -1,6 +1,7 @@
 """The rehearsal's Spark standalone cluster: a master and two workers on their own loopback
 addresses run a barrier stage whose tasks sit on distinct nodes, and stop() leaves nothing running;
-the train stage's barrier stage fails at once on it when it cannot have a node per worker."""
+the train stage's barrier stage fails at once on it when it cannot have a node per worker, and the
+cluster check names the node two workers would share."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import textwrap
 
 import pytest
 
-from include import emr
+from include import emr_steps
 from local_platform.rehearsal.cluster import SPARK_HOME, SparkStandaloneCluster
-from tests.local_platform.barrier_jobs import submit_train_tasks
+from tests.local_platform.barrier_jobs import submit_smoke_tasks, submit_train_tasks
 
 BARRIER_JOB = textwrap.dedent(
     """
@@ -63,14 +64,16 @@ def test_a_barrier_stage_runs_on_two_loopback_nodes_and_stop_leaves_nothing_runn
 
 @pytest.mark.slow
 def test_training_workers_the_cluster_cannot_place_fail_the_stage_with_the_emr_steps_settings(tmp_path):
-    """Three workers on two one-core nodes. With the train step's settings Spark checks 12 times, 5 s
-    apart, where its defaults wait 10 minutes (benchmarks/barrier_placement.py times it)."""
+    """Three workers on two one-core nodes. With the train step's settings Spark checks 12 times and
+    fails the stage, where its defaults wait 10 minutes. The checks are 1 s apart here instead of the
+    step's 5 s (tests/include/test_emr_steps.py; benchmarks/barrier_placement.py times the step's own)."""
+    conf = {**emr_steps.BARRIER_SLOTS_CHECK, "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s"}
     with SparkStandaloneCluster(workers=2, memory_per_worker_mb=1024) as cluster:
-        done = submit_train_tasks(cluster, tmp_path, 3, emr.BARRIER_SLOTS_CHECK)
+        done = submit_train_tasks(cluster, tmp_path, 3, conf)
     assert "STAGE FAILED after" in done.stdout and "BarrierJobSlotsNumberCheckFailed" in done.stdout, done.stderr[
         -3000:
     ]
-    checks = emr.BARRIER_SLOTS_CHECK["spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures"]
+    checks = emr_steps.BARRIER_SLOTS_CHECK["spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures"]
     # Spark's warning at each check, counting down to the last (the executors may register after the first).
     retries = re.findall(
         r"requires 3 slots, but only \d are available\. Will retry up to (\d+) more times", done.stderr
@@ -88,3 +91,20 @@ def test_two_training_workers_on_one_node_stop_before_tensorflow_naming_the_node
         "PipelineError: training worker 0: the training workers must run on distinct nodes, but workers 0, 1 on "
         "127.0.0.2 (hosts by worker: 127.0.0.2, 127.0.0.2)"
     ) in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_the_cluster_check_names_the_node_two_workers_would_share(tmp_path):
+    """As the train stage's workers above: the cluster check's tasks land on one node, each reaches
+    the run folder, and the driver names the node before any training would start."""
+    run = (tmp_path / "run").as_uri()
+    with SparkStandaloneCluster(workers=1, cores_per_worker=2, memory_per_worker_mb=1024) as cluster:
+        done = submit_smoke_tasks(cluster, tmp_path, 2, run)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ADDRESSES 127.0.0.2 127.0.0.2\n" in done.stdout, done.stderr[-3000:]
+    problems = [line for line in done.stdout.splitlines() if line.startswith("PROBLEM")]
+    assert problems == [
+        "PROBLEM the training workers must run on distinct nodes, but workers 0, 1 on 127.0.0.2 (hosts by worker: "
+        "127.0.0.2, 127.0.0.2): train.num_workers must not exceed the cluster's nodes (emr.core_instance_count), "
+        "each of whose executors must own the whole node (include/emr_steps.py train_resources)"
+    ], done.stdout

@@ -12,7 +12,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from include import emr
+from include import emr_cluster, emr_code, emr_steps
 from local_platform.rehearsal import emr_runner
 from local_platform.rehearsal.emr_runner import EmrRehearsalRunner, memory_mb, spark_settings, substitute
 from pipeline.config_files import load_config
@@ -29,7 +29,7 @@ def fetched(uri: str) -> str:
 
 def test_a_stage_steps_arguments_change_only_in_master_s3_files_and_resources():
     config = load_config(overrides=OVERRIDES)
-    args = emr.stage_step("train", config, "run-1")["HadoopJarStep"]["Args"]
+    args = emr_steps.stage_step("train", config, "run-1")["HadoopJarStep"]["Args"]
 
     argv, changes = substitute(args, MASTER, fetched, worker_cores=1)
 
@@ -37,13 +37,13 @@ def test_a_stage_steps_arguments_change_only_in_master_s3_files_and_resources():
     changed = {(before, after) for before, after in zip(args, argv, strict=True) if before != after}
     assert changed == {
         ("yarn", MASTER),
-        (f"{emr.code_uri(config, 'run-1')}/spark_jobs.zip", "/fetched/spark_jobs.zip"),
-        (f"{emr.code_uri(config, 'run-1')}/spark_jobs/train.py", "/fetched/train.py"),
+        (f"{emr_code.code_uri(config, 'run-1')}/spark_jobs.zip", "/fetched/spark_jobs.zip"),
+        (f"{emr_code.code_uri(config, 'run-1')}/spark_jobs/train.py", "/fetched/train.py"),
         ("spark.executor.cores=8", "spark.executor.cores=1"),
         ("spark.task.cpus=8", "spark.task.cpus=1"),
-        (f"spark.executor.memory={emr.train_executor_memory_mb(config)[0]}m", "spark.executor.memory=1024m"),
+        (f"spark.executor.memory={emr_steps.train_executor_memory_mb(config)[0]}m", "spark.executor.memory=1024m"),
         (
-            f"spark.executor.memoryOverhead={emr.train_executor_memory_mb(config)[1]}m",
+            f"spark.executor.memoryOverhead={emr_steps.train_executor_memory_mb(config)[1]}m",
             "spark.executor.memoryOverhead=512m",
         ),
     }
@@ -66,8 +66,8 @@ def test_memory_settings_read_as_spark_does(value, mb):
 
 def test_the_nodes_python_becomes_this_projects_in_the_clusters_spark_settings():
     config = load_config(overrides=OVERRIDES)
-    request = emr.job_flow_overrides(config, "run-1")
-    venv = emr.read_template()["venv"]
+    request = emr_cluster.job_flow_overrides(config, "run-1")
+    venv = emr_cluster.read_template()["venv"]
     defaults, exports = spark_settings(request["Configurations"], emr_runner.nodes_python(request))
     assert emr_runner.nodes_python(request) == f"{venv}/bin/python"
     assert defaults["spark.pyspark.python"] == defaults["spark.pyspark.driver.python"] == sys.executable

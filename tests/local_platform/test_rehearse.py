@@ -8,10 +8,11 @@ import sys
 
 import pytest
 
-from include import emr, emr_checks, loopback_only
+from include import emr_checks, emr_cost, emr_steps, loopback_only
 from local_platform.rehearsal import rehearse
 from local_platform.rehearsal.rehearse import Rehearsal, main
-from pipeline import disk_room
+from pipeline import deployment, disk_room
+from pipeline.config_files import read_yaml
 from pipeline.errors import PipelineError
 from spark_jobs.training import memory
 
@@ -32,11 +33,23 @@ def test_the_rehearsal_runs_the_emr_target_with_its_corpus_lake_code_and_logs_on
     assert config.train.max_steps == 100 and rehearsal.dag_config.train.max_steps != 100  # SET is the run's
 
 
+def test_the_deployment_settings_of_set_are_the_rehearsed_dags_own_and_the_rest_the_runs(shakespeare_slice, tmp_path):
+    settings = ["emr.core_instance_count=3", "local.allow_exposed_workers=true", "train.max_steps=100"]
+    made = Rehearsal([str(shakespeare_slice)], settings, home=tmp_path / "airflow")
+    try:
+        assert made.dag_config.emr.core_instance_count == 3 and made.dag_config.local.allow_exposed_workers
+        assert made.run_overrides == ["train.max_steps=100"]
+        deployment.check_overrides(made.run_overrides, read_yaml(made.defaults_path), made.defaults_path.name)
+        deployment.check_run_settings(made.dag_config, made.config, made.defaults_path.name)
+    finally:
+        shutil.rmtree(made.folder, ignore_errors=True)
+
+
 def test_the_emr_targets_checks_accept_the_rehearsals_config(rehearsal):
     config = rehearsal.config
-    emr.check_sensor_limits(config, rehearsal.dag_config)
-    emr.check_budget(config, rehearsal.dag_config)
-    memory.check_training_fits(config, emr.train_executor_memory_mb(config)[1], "a core node")
+    emr_steps.check_sensor_limits(config, rehearsal.dag_config)
+    emr_cost.check_budget(config, rehearsal.dag_config)
+    memory.check_training_fits(config, emr_steps.train_executor_memory_mb(config)[1], "a core node")
     disk_room.check_core_node_room(config, {config.corpus[0]: 60_000})
     emr_checks.check_own_buckets(emr_checks.bucket_settings(config))
     emr_checks.check_subnet(config)
@@ -63,3 +76,15 @@ def test_without_namespaces_the_rehearsal_stops_unless_the_run_accepts_the_expos
         rehearse.contain_or_accept_exposure(["train.max_steps=5"], [])
     rehearse.contain_or_accept_exposure(["local.allow_exposed_workers=true"], [])
     assert "TensorFlow workers listen on every interface" in capsys.readouterr().err
+
+
+def test_a_bad_setting_or_corpus_is_named_before_airflow_starts(tmp_path, shakespeare_slice, monkeypatch, capsys):
+    monkeypatch.setattr(loopback_only, "interfaces", lambda: [loopback_only.LOOPBACK_INTERFACE])  # no namespace
+    monkeypatch.setattr(rehearse.airflow_home, "AIRFLOW_HOME", tmp_path / "home")
+    assert main(["--corpus", str(shakespeare_slice), "--set", "data.stride=0"]) == 2
+    assert "ERROR invalid configuration: data.stride: Input should be greater than or equal to 1" in (
+        capsys.readouterr().err
+    )
+    assert main(["--corpus", str(tmp_path / "missing" / "*.txt")]) == 2
+    assert f"ERROR corpus {(tmp_path / 'missing').as_uri()}/*.txt matches no file" in capsys.readouterr().err
+    assert not (tmp_path / "home").exists(), "Airflow's home was touched"

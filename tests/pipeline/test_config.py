@@ -63,6 +63,28 @@ def test_odd_values_get_one_line_naming_the_field_not_a_traceback(override, mess
 
 
 @pytest.mark.parametrize(
+    "arn",
+    [
+        "gpt-pipeline-alerts",
+        "arn:aws:sqs:us-east-1:123456789012:gpt-pipeline-alerts",
+        "arn:aws:sns:us-east-1:123456789012:gpt-pipeline-alerts.fifo",
+    ],
+    ids=["name", "queue", "fifo"],
+)
+def test_an_alert_topic_must_be_a_standard_sns_topics_arn(arn):
+    with pytest.raises(
+        ConfigError, match=r"^invalid configuration: alerts.sns_topic_arn: .* is not the ARN of a standard SNS topic"
+    ):
+        load_config(overrides=[{"alerts": {"sns_topic_arn": arn}}])
+
+
+def test_an_alert_topics_region_is_its_arns_and_none_is_set_by_default():
+    assert load_config().alerts.sns_topic_arn is None
+    arn = "arn:aws-us-gov:sns:us-gov-west-1:123456789012:gpt-pipeline-alerts"
+    assert load_config(overrides=[{"alerts": {"sns_topic_arn": arn}}]).alerts.topic_region() == "us-gov-west-1"
+
+
+@pytest.mark.parametrize(
     "override",
     [
         "tokenizer.train_sample_mb=.inf",
@@ -147,6 +169,13 @@ def test_cross_field_rules():
         load_config(overrides=["data.shards=1"])
     with pytest.raises(ConfigError, match=r"train.batch_size \(33\) must be .* \(2\): set train.batch_size=32 or 34$"):
         load_config(overrides=["train.batch_size=33"])
+    with pytest.raises(  # a larger stride would skip text
+        ConfigError,
+        match=r"^invalid configuration: data.stride \(64\) must not exceed data.block_size \(32\): windows that far "
+        r"apart leave 32 token\(s\) between them that no window predicts; set data.stride=32 or less$",
+    ):
+        load_config(overrides=["data.block_size=32"])
+    assert load_config(overrides=["data.block_size=32", "data.stride=32"]).data.stride == 32
     with pytest.raises(ConfigError, match="embedding.dim .* divisible by model.n_head"):
         load_config(overrides=["model.n_head=5"])
     with pytest.raises(ConfigError, match="train.min_learning_rate must not exceed train.learning_rate"):
@@ -169,6 +198,52 @@ def test_cross_field_rules():
     ):
         load_config(overrides=[*emr, "emr.idle_timeout_minutes=6"])
     assert load_config(overrides=[*emr, "emr.idle_timeout_minutes=7"]).emr.idle_timeout_minutes == 7
+
+
+@pytest.mark.parametrize(
+    "setting, most",
+    [
+        ("data.shards", 10_000),
+        ("data.block_size", 65_536),
+        ("generate.max_new_tokens", 100_000),
+        ("generate.top_k", 1_000_000),
+        ("tokenizer.train_sample_mb", 10_000),
+        ("embedding.dim", 16_384),
+        ("embedding.word2vec.window", 1_000),
+        ("embedding.word2vec.min_count", 2**31 - 1),
+        ("embedding.word2vec.max_iter", 1_000),
+        ("embedding.word2vec.max_sentences", 10_000_000),
+        ("model.n_layer", 256),
+        ("model.mlp_ratio", 64),
+    ],
+)
+def test_a_size_that_would_exhaust_the_machine_is_refused(setting, most):
+    with pytest.raises(
+        ConfigError, match=rf"^invalid configuration: {setting}: Input should be less than or equal to {most} "
+    ):
+        load_config(overrides=[f"{setting}={most * 10}"])
+
+
+LONG = "x" * 100_000  # a file pasted into a field by mistake
+
+
+@pytest.mark.parametrize(
+    "overrides, start",
+    [
+        ([f"data.stride={LONG}"], "data.stride: Input should be a valid integer, unable to parse string as an integer"),
+        ([f"data.{LONG}=1"], "data.xxx"),
+        ([f"s3.bucket={LONG}"], "s3.bucket: 'xxx"),
+        ([f"lake=hdfs{LONG}://a"], "lake: unsupported URI scheme hdfsxxx"),
+        (["target=emr", f"lake=/{LONG}"], "lake must be an s3:// URI for target emr, got 'file:///"),
+        ([f"corpus=[{'1, ' * 3000}]"], "corpus.0: Input should be a valid string (got 1); corpus.1: "),
+    ],
+    ids=["pydantics-message", "unknown-key", "a-checks-message", "a-uri", "a-rule-across-fields", "many-items"],
+)
+def test_a_value_is_repeated_cut_to_a_few_hundred_characters(overrides, start):
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides=overrides)
+    message = str(error.value)
+    assert message.startswith(f"invalid configuration: {start}") and len(message) < 1000, message[:2000]
 
 
 @pytest.mark.parametrize(

@@ -37,3 +37,15 @@ def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
     doubled.write_text("train:\n  max_steps: 5\n  max_steps: 6\n")
     with pytest.raises(ConfigError, match="'max_steps' is given twice"):
         read_yaml(doubled)
+
+
+def test_anchors_and_aliases_in_the_file_are_refused_with_their_line(tmp_path):
+    aliased = tmp_path / "aliased.yaml"
+    aliased.write_text(DEFAULT_CONFIG_PATH.read_text() + "\nx-sizes: &sizes {n_layer: 2}\nmodel: *sizes\n")
+    line = len(DEFAULT_CONFIG_PATH.read_text().splitlines()) + 2
+    with pytest.raises(
+        ConfigError,
+        match=rf"is not valid YAML: anchors and aliases \(&name, \*name\) are not supported\n  in \"{aliased}\", "
+        rf"line {line}",
+    ):
+        load_config(aliased)

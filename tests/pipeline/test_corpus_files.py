@@ -64,14 +64,14 @@ def test_a_corpus_glob_matches_in_any_path_component(folder, pattern, wanted):
 def assert_emr_lists(uri: str, expected: dict[str, int]) -> None:
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-    from include import emr
+    from include import emr_checks
 
     config = load_config(overrides=[{"corpus": uri}])
     if expected:
-        assert emr.corpus_objects(config, S3Hook(aws_conn_id="aws_default")) == expected, uri
+        assert emr_checks.corpus_objects(config, S3Hook(aws_conn_id="aws_default")) == expected, uri
     else:
         with pytest.raises(PipelineError, match="matches no object on S3"):
-            emr.corpus_objects(config, S3Hook(aws_conn_id="aws_default"))
+            emr_checks.corpus_objects(config, S3Hook(aws_conn_id="aws_default"))
 
 
 @pytest.mark.parametrize(

@@ -80,7 +80,7 @@ def test_a_file_is_moved_whole_whatever_its_size(folder, monkeypatch, limit):
     stands in for it) the file is streamed to its new name."""
     if limit is not None:
         monkeypatch.setattr(lake, "S3_COPY_MAX_BYTES", limit)
-        monkeypatch.setattr(lake, "COPY_CHUNK_BYTES", 7)
+        monkeypatch.setattr(lake, "COPY_CHUNK_BYTES", 1000)  # several chunks, few requests
     data = bytes(range(256)) * 40
     source, target = lake.join(folder, "_staging/part-0.tfrecord"), lake.join(folder, "tfrecords/part-0.tfrecord")
     lake.write_bytes(source, data)
@@ -90,7 +90,8 @@ def test_a_file_is_moved_whole_whatever_its_size(folder, monkeypatch, limit):
     monkeypatch.setattr(shutil, "copyfileobj", lambda *args: streamed.append(args[2]) or copy(*args))
     lake.move_file(fs, source_path, lake.filesystem(target)[1])
     assert lake.read_bytes(target) == data and not lake.exists(source)
-    assert streamed == ([7] if limit is not None and folder.startswith("s3://") else [])  # else S3's copy, or a rename
+    streamed_on_s3 = limit is not None and folder.startswith("s3://")  # else S3's copy, or a rename
+    assert streamed == ([1000] if streamed_on_s3 else [])
 
 
 def test_a_file_that_cannot_be_written_whole_leaves_the_old_one_and_no_temporary_file(tmp_path):
@@ -114,6 +115,21 @@ def test_a_file_that_cannot_be_written_whole_leaves_the_old_one_and_no_temporary
     assert "failed:" in result.stderr and "large" in result.stderr, result.stderr
     assert sorted(path.name for path in folder.iterdir()) == ["train.json"]
     assert (folder / "train.json").read_text() == "old\n"
+
+
+def test_a_write_that_fails_leaves_the_file_it_would_replace_and_no_temporary_file(folder):
+    """On S3 too, where closing an upload completes it: the training's last backup outlives a
+    failed attempt to replace it."""
+    uri = lake.join(folder, "checkpoints", "state.npz")
+    lake.write_bytes(uri, b"the last good backup")
+    with pytest.raises(RuntimeError, match="stopped mid-way"), lake.AtomicFile(uri) as file:
+        file.stream.write(b"half a back")
+        raise RuntimeError("stopped mid-way")
+    assert lake.read_bytes(uri) == b"the last good backup"
+    assert lake.list_files(lake.join(folder, "checkpoints")) == [uri]
+    lake.write_bytes(uri, b"a newer backup")
+    assert lake.read_bytes(uri) == b"a newer backup"
+    assert lake.list_files(lake.join(folder, "checkpoints")) == [uri]
 
 
 def test_a_bucket_has_one_s3_filesystem_per_process(s3, monkeypatch, tmp_path):

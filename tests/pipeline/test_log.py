@@ -32,3 +32,9 @@ def test_a_second_setup_names_another_stage_without_doubling_the_lines(capsys):
     logger.warning("a file is short")
     logger.warning("could not write x", extra={"stage": "train"})
     assert capsys.readouterr().err == "WARNING [window] a file is short\nWARNING [train] could not write x\n"
+
+
+def test_printable_escapes_what_a_terminal_takes_as_commands_and_keeps_text_and_line_ends():
+    assert log.printable("\x1b[2J\x07\x00\x7f\x9b\x85 hark\rthee") == "\\x1b[2J\\x07\\x00\\x7f\\x9b\\x85 hark\\x0dthee"
+    text = "Ἀχιλῆος, said\tshe,\nand line ends\r\nstay — “as typed” 論語"
+    assert log.printable(text) == text

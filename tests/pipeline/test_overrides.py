@@ -43,6 +43,9 @@ def test_a_hash_in_an_unquoted_override_is_text_not_a_yaml_comment():
         ("corpus=[a.txt, b.txt]", ["corpus"], ["a.txt", "b.txt"]),
         ("model.dropout=0.1", ["model", "dropout"], 0.1),
         ("generate.nope=yes", ["generate", "nope"], True),
+        # YAML's anchors and aliases are refused; a text setting takes them as typed.
+        ("generate.prompt=&Sons were here", ["generate", "prompt"], "&Sons were here"),
+        ("generate.prompt=*emphasis* is", ["generate", "prompt"], "*emphasis* is"),
     ],
 )
 def test_a_text_setting_takes_the_text_as_typed_whatever_yaml_makes_of_it(override, path, value):
@@ -64,3 +67,31 @@ def test_set_takes_one_setting_and_is_repeated_for_more(capsys):
     with pytest.raises(SystemExit):  # a second setting after one --set is not taken for another
         parser.parse_args(["--set", "train.max_steps=5", "data.stride=8"])
     assert "unrecognized arguments: data.stride=8" in capsys.readouterr().err
+
+
+def alias_bomb(levels: int) -> str:
+    """A YAML list of `levels` lists, each of nine aliases of the one before: 9 ** levels strings
+    from a few hundred characters (the "billion laughs")."""
+    lists = ["&l0 [x, x, x, x, x, x, x, x, x]"]
+    lists += [f"&l{level} [{', '.join([f'*l{level - 1}'] * 9)}]" for level in range(1, levels)]
+    return f"[{', '.join(lists)}]"
+
+
+@pytest.mark.timeout(10, method="thread")  # a bomb that goes off takes the memory of the machine, then fails
+@pytest.mark.parametrize("setting", ["data.shards", "corpus", "emr.tags"])
+def test_a_yaml_alias_bomb_is_refused_in_a_line_naming_the_setting(setting):
+    with pytest.raises(ConfigError) as refused:
+        load_config(overrides=[f"{setting}={alias_bomb(10)}"])
+    message = str(refused.value)
+    assert message == f"invalid configuration: {setting}: anchors and aliases (&name, *name) are not supported"
+    assert len(message) < 2000
+
+
+def test_a_value_nested_deeper_than_any_setting_is_refused():
+    with pytest.raises(ConfigError, match=r"^invalid configuration: corpus: nested more than 32 levels deep$"):
+        load_config(overrides=[f"corpus={'[' * 5000}{']' * 5000}"])
+
+
+def test_an_integer_of_more_digits_than_python_reads_is_named_not_a_traceback():
+    with pytest.raises(ConfigError, match=r"^invalid configuration: data.shards: .* \(got '9{50}"):
+        load_config(overrides=["data.shards=" + "9" * 5000])

@@ -3,7 +3,9 @@ stages an existing run's changed settings make stale, stage markers, and the sta
 
 from __future__ import annotations
 
+import json
 import os
+import re
 
 import pytest
 
@@ -72,6 +74,13 @@ def test_the_local_runner_keeps_an_existing_runs_settings(tmp_path):
     # A new run starts from the defaults.
     args = stage_runner.parse_args(["--run-id", "new", "--set", f"lake={tmp_path / 'lake'}"])
     assert stage_runner.resolve_config(args).train.max_steps == load_config().train.max_steps
+
+
+def test_the_local_runners_run_id_is_made_a_folder_name_as_it_is_read():
+    from local_platform import stage_runner
+
+    assert stage_runner.parse_args(["--run-id", "books 2026:11"]).run_id.startswith("books_2026_11-")
+    assert stage_runner.parse_args(["--run-id", ""]).run_id is None  # a new run, as without --run-id
 
 
 def test_an_existing_run_checks_a_change_against_its_own_settings(tmp_path):
@@ -190,6 +199,40 @@ def test_the_local_runner_stops_whole_file_validation_of_a_single_file_before_sp
     assert not (tmp_path / "lake").exists()
 
 
+def test_a_runs_config_is_read_back_as_create_run_wrote_it(tmp_path):
+    config = small_config(tmp_path, tmp_path / "c.txt", ["train.max_steps=7"])
+    run = new_run(config, "r")
+    assert run_folder.read_config(run) == config
+    assert run_folder.read_config_data(run) == json.loads(config.to_json())
+    with pytest.raises(PipelineError, match=f"^run folder {tmp_path.as_uri()}/none has no config.json: create the run"):
+        run_folder.read_config(f"{tmp_path.as_uri()}/none")
+
+
+def test_a_runs_config_is_read_through_the_reader_given(tmp_path):
+    """As Airflow's tasks read a run folder on S3, through their connection: never through the lake."""
+    config = small_config(tmp_path, tmp_path / "c.txt")
+    files = {run_folder.CONFIG_FILE: config.to_json().encode()}
+    assert run_folder.read_config("s3://nowhere/runs/r", files.__getitem__) == config
+    assert run_folder.read_config_data("s3://nowhere/runs/r", files.__getitem__)["run_name"] == config.run_name
+
+
+def test_a_broken_or_invalid_config_json_is_named(tmp_path):
+    config = small_config(tmp_path, tmp_path / "c.txt")
+    run = new_run(config, "r")
+    config_json = lake.join(run, run_folder.CONFIG_FILE)
+    lake.write_text(config_json, "{broken")
+    with pytest.raises(ConfigError, match=f"^resolved config {re.escape(config_json)} is not valid JSON: "):
+        run_folder.read_config_data(run)
+    # Settings that no longer validate (say, a run folder of another version): only the raw reader takes them.
+    lake.write_json(config_json, {"run_name": "old", "train": {"max_steps": 0}})
+    assert run_folder.read_config_data(run) == {"run_name": "old", "train": {"max_steps": 0}}
+    older = config.model_dump()
+    older["train"]["max_steps"] = 0
+    lake.write_json(config_json, older)
+    with pytest.raises(ConfigError, match=r"train\.max_steps: Input should be greater than or equal to 1"):
+        run_folder.read_config(run)
+
+
 def test_a_lake_where_no_folder_can_be_made_is_named(tmp_path):
     (tmp_path / "a-file").write_text("")
     config = load_config(overrides=[{"lake": str(tmp_path / "a-file" / "lake")}])
@@ -248,19 +291,35 @@ def test_the_local_runner_refuses_a_new_run_without_the_stages_its_stages_read(t
 @pytest.mark.parametrize(
     "run_id, folder",
     [
-        ("manual__2026-11-22T19:54:54+00:00", "manual__2026-11-22T19_54_54_00_00"),
-        ("my run", "my_run"),
-        ("..", "_."),
-        (".", "_"),
-        ("../../etc", "_._.._etc"),
+        ("manual__2026-11-22T19:54:54+00:00", "manual__2026-11-22T19_54_54_00_00-0176b673"),
+        ("my run", "my_run-d33e7609"),
+        ("..", "_.-5ec1f7e7"),
+        (".", "_-cdb4ee2a"),
+        ("../../etc", "_._.._etc-74ccf3c5"),
         ("v1.2", "v1.2"),
     ],
 )
 def test_a_run_id_never_names_a_hidden_folder_or_one_outside_runs(tmp_path, run_id, folder):
     config = load_config(overrides=[{"lake": str(tmp_path / "lake")}])
-    assert run_folder.run_dir(config, run_id) == f"file://{tmp_path}/lake/runs/{folder}"
+    assert run_folder.safe_run_id(run_id) == folder
+    assert run_folder.run_dir(config, run_folder.safe_run_id(run_id)) == f"file://{tmp_path}/lake/runs/{folder}"
+    if run_id != folder:  # made safe where it comes in, never again: run_dir refuses one that is not
+        with pytest.raises(PipelineError, match=f"run id {re.escape(repr(run_id))} is not a folder name"):
+            run_folder.run_dir(config, run_id)
     with pytest.raises(PipelineError, match="a run id must not be empty"):
         run_folder.run_dir(config, "")
+
+
+def test_run_ids_that_differ_only_where_they_were_made_safe_never_share_a_run_folder():
+    run_ids = [
+        "manual__2026-11-22T19:54:54+00:00",
+        "manual__2026-11-22T19_54_54+00_00",
+        "manual__2026-11-22T19_54_54_00_00",
+    ]
+    folders = [run_folder.safe_run_id(run_id) for run_id in run_ids]
+    assert len(set(folders)) == len(run_ids)
+    assert folders[2] == run_ids[2]  # a folder name already stays as it is
+    assert all(run_folder.safe_run_id(folder) == folder for folder in folders)  # made safe once
 
 
 def test_a_run_whose_windows_cannot_fit_the_lakes_disk_is_refused_before_anything_runs(tmp_path, capsys):
@@ -332,6 +391,7 @@ def test_the_run_folder_contract_names_the_documented_paths():
         "errors/train.json",
         "progress/train.json",
     ]
+    assert run_folder.smoke_probe_path(1) == "_smoke/node-1"  # the cluster check's probe, hidden from readers
     assert (run_folder.TOKENIZER_PATH, run_folder.TOKENS_FOLDER, run_folder.WINDOWS_FOLDER) == (
         "tokenizer/tokenizer.json",
         "tokens",
@@ -358,3 +418,15 @@ def test_the_run_folder_contract_names_the_documented_paths():
         ("report.json", "report.md", "report.html"),
         "tensorboard",
     )
+
+
+def test_a_stage_requires_every_stage_it_reads_to_have_completed(tmp_path):
+    run = new_run(small_config(tmp_path, tmp_path / "c.txt"))
+    complete(run, "tokenize", "positional_embed")
+    with pytest.raises(run_folder.StageIncomplete, match="stage 'export' has not completed in run folder .*: run it"):
+        run_folder.require_inputs(run, "train")
+    complete(run, "export")
+    assert run_folder.require_inputs(run, "train") == {
+        name: {"stage": name} for name in ("tokenize", "positional_embed", "export")
+    }
+    assert run_folder.require_inputs(run, "tokenize") == {}

@@ -18,14 +18,20 @@ from pipeline import run_folder
 from pipeline.config import REPO_ROOT, GenerateConfig
 from pipeline.config_files import DEFAULT_CONFIG_PATH, load_config, read_yaml
 from pipeline.errors import PipelineError
+from pipeline.log import printable
 from pipeline.overrides import apply_overrides
 from spark_jobs import generate as generate_module
 from spark_jobs.generate import SAMPLE_SEPARATOR, generate, load_model, sample_texts, samples
 from spark_jobs.model import sampler
-from spark_jobs.model.decoder import build_decoder
+from spark_jobs.model.decoder import build_decoder, cached_decoder
 from spark_jobs.text import bpe
 from spark_jobs.training import tensorboard_log
 from tests.spark_jobs.tensorboard_events import read_events
+from tests.spark_jobs.test_model import LEGACY_MODEL
+
+# Most of them XLA-compile the decoder's generation loop (10 to 30 s a test), some run the command
+# line in a TensorFlow process of its own.
+pytestmark = pytest.mark.tensorflow
 
 
 def settings(**overrides) -> GenerateConfig:
@@ -90,10 +96,11 @@ def test_generation_repeats_with_the_same_seed_and_varies_with_another(model_dir
 
 
 def test_generation_stops_before_the_stop_token(deeper_model):
-    tokens = sampler.decode(deeper_model, [1, 2, 3], 1, max_new_tokens=12, rule=settings(strategy="greedy"), seed=0)[0]
+    prompt = [5, 9, 200]  # one whose greedy continuation is not one token repeated (the head is the token table)
+    tokens = sampler.decode(deeper_model, prompt, 1, max_new_tokens=12, rule=settings(strategy="greedy"), seed=0)[0]
     end = next(index for index, token in enumerate(tokens) if index > 0 and token not in tokens[:index])
     stopped = sampler.decode(
-        deeper_model, [1, 2, 3], 1, max_new_tokens=12, rule=settings(strategy="greedy"), seed=0, stop_id=tokens[end]
+        deeper_model, prompt, 1, max_new_tokens=12, rule=settings(strategy="greedy"), seed=0, stop_id=tokens[end]
     )
     assert stopped == [tokens[:end]]  # nothing from the stop token on
 
@@ -122,8 +129,12 @@ def test_only_ids_the_tokenizer_knows_are_drawn(model_dir):
     _, tokenizer = load_model(str(model_dir))
     known = tokenizer.get_vocab_size()
     model = build_decoder(vocab_size=known + 50, block_size=8, dim=16, n_layer=1, n_head=2, mlp_ratio=2, dropout=0.0)
-    head = model.get_layer("logits")
-    head.bias.assign(np.where(np.arange(known + 50) >= known, 100.0, 0.0))  # the unknown ids, by far the likeliest
+    # The final norm's outputs all ones; the unknown ids' rows of the (tied) token table sum to 100:
+    # by far the likeliest.
+    model.get_layer("final_norm").gamma.assign(np.zeros(16))
+    model.get_layer("final_norm").beta.assign(np.ones(16))
+    tokens = model.get_layer("embedding").tokens
+    tokens.assign(np.where(np.arange(known + 50)[:, None] >= known, 100.0 / 16, tokens.numpy()))
     for strategy in ("greedy", "top_k", "top_p"):
         ids, new = generate_module.generate_ids(
             model, tokenizer, settings(prompt="The", max_new_tokens=12, strategy=strategy)
@@ -172,7 +183,7 @@ def test_the_cached_step_gives_the_full_passs_logits_at_every_position(deeper_mo
     ids = np.random.default_rng(0).integers(0, 300, (3, 8)).astype(np.int32)
     full = deeper_model(ids, training=False).numpy()  # [3, 8, 300]
     assert np.abs(full).max() > 1  # logits that differ
-    decoder = sampler.cached_decoder(deeper_model)
+    decoder = cached_decoder(deeper_model)
     for length in range(1, 9):  # prefill of the first `length` ids (the rest is padding)
         logits, _ = decoder.prefill(ids, np.int32(length))
         np.testing.assert_allclose(logits.numpy(), full[:, length - 1], rtol=0, atol=LOGITS_TOLERANCE)
@@ -237,6 +248,17 @@ def test_the_stage_records_how_long_generation_took_and_logs_the_samples_for_ten
     assert tags == {tensorboard_log.SAMPLES: {40: tensorboard_log.samples_markdown(samples)}}
 
 
+def test_the_stage_prints_its_samples_with_control_characters_as_escapes_and_keeps_them_in_samples_txt(
+    model_dir, tmp_path, monkeypatch, capsys
+):
+    shutil.copytree(model_dir, tmp_path / "run" / run_folder.MODEL_FOLDER)
+    monkeypatch.setattr(run_folder, "require_stage", lambda *_: {"steps": 40})
+    config = load_config(overrides={"generate": {"prompt": "\x1b[2JROMEO:\r", "max_new_tokens": 3}})
+    generate_module.generate_stage(None, config, (tmp_path / "run").as_uri())
+    assert capsys.readouterr().out.startswith("\\x1b[2JROMEO:\\x0d")
+    assert (tmp_path / "run" / run_folder.SAMPLES_PATH).read_bytes().startswith(b"\x1b[2JROMEO:\r")
+
+
 def test_a_folder_without_a_model_is_named(tmp_path):
     with pytest.raises(PipelineError, match="holds no model.keras"):
         load_model(tmp_path.as_uri())
@@ -260,6 +282,12 @@ def test_cli_prints_a_seeded_continuation(model_dir):
     assert first.stdout == again.stdout
 
 
+def test_cli_prints_control_characters_as_escapes(model_dir):
+    completed = cli("--model-dir", str(model_dir), "--prompt", "\x1b]0;owned\x07ROMEO:", "--max-new-tokens", "3")
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.startswith("\\x1b]0;owned\\x07ROMEO:")
+
+
 def test_cli_prints_several_samples(model_dir):
     completed = cli("--model-dir", str(model_dir), "--prompt", "ROMEO:", "--max-new-tokens", "5", "--num-samples", "2")
     assert completed.returncode == 0, completed.stderr
@@ -278,7 +306,7 @@ def test_cli_slides_the_window_as_asked(model_dir):
     assert completed.returncode == 0, completed.stderr
     model, tokenizer = load_model(str(model_dir))
     options = settings(prompt="ROMEO:", max_new_tokens=12, strategy="greedy")
-    assert completed.stdout == reference_generate(model, tokenizer, options, window_slide=4) + "\n"
+    assert completed.stdout == printable(reference_generate(model, tokenizer, options, window_slide=4)) + "\n"
     too_wide = cli(*args, "--window-slide", "9")
     assert too_wide.returncode == 2 and "--window-slide 9: must be between 1 and the block size 8" in too_wide.stderr
 
@@ -334,3 +362,10 @@ def test_cli_follows_a_latest_pointer_on_s3(model_dir):
     assert missing.returncode == 2
     assert "no latest pointer at s3://models/runs/latest/poems.json" in missing.stderr
     assert broken.returncode == 2 and "is not a latest pointer written by promote" in broken.stderr
+
+
+def test_a_model_saved_before_the_gpt2_architecture_still_generates():
+    """legacy_model/ (tests/spark_jobs/test_model.py): its own output projection, through the cached pass too."""
+    model, tokenizer = load_model(str(LEGACY_MODEL))
+    options = settings(prompt="The man", max_new_tokens=12, strategy="greedy")
+    assert generate(model, tokenizer, options) == reference_generate(model, tokenizer, options)

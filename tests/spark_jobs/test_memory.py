@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from include import emr, emr_tasks
-from local_platform import airflow_runner
+from include import emr_steps, emr_tasks
+from local_platform import airflow_home, airflow_runner
 from pipeline.config import ConfigError
 from pipeline.config_files import load_config
 from spark_jobs.training import memory
@@ -19,7 +19,14 @@ EMR = {"target": "emr", "lake": "s3://gpt-pipeline/lake", "corpus": "s3://gpt-pi
     "overrides",
     [
         [],
-        ["tokenizer.vocab_size=300", "data.block_size=2", "embedding.dim=6", "model.n_head=3", "model.n_layer=1"],
+        [
+            "tokenizer.vocab_size=300",
+            "data.block_size=2",
+            "data.stride=2",
+            "embedding.dim=6",
+            "model.n_head=3",
+            "model.n_layer=1",
+        ],
         ["embedding.dim=384", "model.n_head=6", "model.n_layer=7", "model.mlp_ratio=2", "data.block_size=512"],
     ],
 )
@@ -41,7 +48,7 @@ def test_the_activations_grow_with_the_mlps_width():
     """Measured with D=256, L=4, T=32, b=256 on one worker: peaks of about 1,780 MB at
     model.mlp_ratio=4 and 3,605 to 3,719 MB at 16 (benchmarks/train_memory.py), all but 144 MB of
     the difference in activations: 4.4 copies of b*T*L*D (32 MB) per unit of ratio."""
-    shape = ["train.num_workers=1", "embedding.dim=256", "data.block_size=32", "train.batch_size=256"]
+    shape = ["train.num_workers=1", "embedding.dim=256", "data.block_size=32", "data.stride=16", "train.batch_size=256"]
     estimate = {
         ratio: memory.worker_peak_mb(load_config(overrides=[*shape, f"model.mlp_ratio={ratio}"]), 2048)
         for ratio in (1, 4, 16)
@@ -57,7 +64,7 @@ def test_a_model_too_big_for_a_worker_is_refused_naming_the_settings():
     with pytest.raises(ConfigError) as error:
         memory.check_training_fits(config, 11_000, "on this machine")
     message = str(error.value)
-    assert message.startswith("training needs about 37,650 MB per worker (runtime 1,000, ")
+    assert message.startswith("training needs about 37,644 MB per worker (runtime 1,000, ")
     assert "attention scores 32,768" in message and "a batch of 16 x 4096 tokens per worker" in message
     assert message.endswith(
         "more than the 11,000 MB a worker has on this machine: attention scores take the most; "
@@ -66,7 +73,7 @@ def test_a_model_too_big_for_a_worker_is_refused_naming_the_settings():
     assert memory.check_training_fits(load_config(), 11_000, "here")["total"] < 2_000
     # A large vocabulary: its logits and weights, not the block size.
     with pytest.raises(ConfigError, match="logits take the most; lower tokenizer.vocab_size, train.batch_size or "):
-        memory.check_training_fits(load_config(overrides=["tokenizer.vocab_size=500000"]), 11_000, "here")
+        memory.check_training_fits(load_config(overrides=["tokenizer.vocab_size=1000000"]), 11_000, "here")
 
 
 def test_local_workers_share_the_machine():
@@ -93,7 +100,7 @@ def test_a_containers_memory_limit_counts_when_it_is_lower(tmp_path):
 
 
 def test_make_run_refuses_a_model_too_big_for_this_machine_before_airflow_starts(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(airflow_runner, "AIRFLOW_HOME", tmp_path / "home")
+    monkeypatch.setattr(airflow_home, "AIRFLOW_HOME", tmp_path / "home")
     # A batch per worker whose attention scores alone outgrow any machine this runs on.
     too_big = ["--set", "train.batch_size=200000", "--set", "model.n_layer=64"]
     assert airflow_runner.main(["run", *too_big]) == 2
@@ -107,5 +114,5 @@ def test_emr_refuses_a_model_too_big_for_its_core_nodes_before_any_upload():
     with pytest.raises(ConfigError, match="more than the 16,896 MB a worker has on an m5.2xlarge core node"):
         emr_tasks.prepare(big, "run-1", big)  # raises before it talks to S3
     larger_nodes = load_config(overrides=[EMR, "data.block_size=4096", "emr.core_instance_type=m5.4xlarge"])
-    need = memory.check_training_fits(larger_nodes, emr.train_executor_memory_mb(larger_nodes)[1], "")
-    assert need["total"] < emr.train_executor_memory_mb(larger_nodes)[1]
+    need = memory.check_training_fits(larger_nodes, emr_steps.train_executor_memory_mb(larger_nodes)[1], "")
+    assert need["total"] < emr_steps.train_executor_memory_mb(larger_nodes)[1]

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import keras
 import numpy as np
 import pytest
 
-from spark_jobs.model.decoder import build_decoder, initialise_embedding
+from spark_jobs.generate import load_model
+from spark_jobs.model.decoder import build_decoder, has_tied_head, initialise_embedding, output_head
 
 VOCAB, BLOCK, DIM = 50, 16, 16
 
@@ -71,3 +74,31 @@ def test_keras_format_round_trip(tmp_path):
     loaded = keras.saving.load_model(tmp_path / "model.keras")
     np.testing.assert_allclose(np.asarray(loaded(ids)), np.asarray(model(ids)), atol=1e-6)
     assert loaded.get_layer("embedding").block_size == BLOCK
+
+
+def test_the_model_is_gpt2s():
+    """The output projection is the token table, transposed, with no bias; the MLP's GELU is the tanh one."""
+    model = tiny_decoder()
+    ids = np.random.default_rng(3).integers(0, VOCAB, size=(2, BLOCK)).astype("int32")
+    embedding, block = model.get_layer("embedding"), model.get_layer("block_0")
+    assert has_tied_head(model) and block.gelu == "tanh"
+    assert "logits" not in [layer.name for layer in model.layers]
+    hidden = keras.Model(model.inputs, model.get_layer("final_norm").output)(ids)
+    np.testing.assert_allclose(model(ids), np.asarray(hidden) @ np.asarray(embedding.tokens).T, atol=1e-5)
+    x = np.linspace(-4, 4, 9, dtype="float32")
+    tanh_gelu = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+    np.testing.assert_allclose(keras.ops.gelu(x, approximate=block.gelu == "tanh"), tanh_gelu, atol=1e-6)
+
+
+LEGACY_MODEL = Path(__file__).parent / "legacy_model"
+
+
+def test_a_model_saved_before_the_gpt2_architecture_loads_and_computes_as_it_did():
+    """legacy_model/: a tiny model.keras saved by the decoder of its own output projection (a Dense
+    "logits" with bias) and the exact GELU, with its tokenizer, ids and the logits it gave."""
+    model, _ = load_model(str(LEGACY_MODEL))
+    ids = np.load(LEGACY_MODEL / "ids.npy")
+    assert not has_tied_head(model) and model.get_layer("block_0").gelu == "exact"
+    np.testing.assert_allclose(model(ids), np.load(LEGACY_MODEL / "logits.npy"), rtol=0, atol=1e-5)
+    head, vocab_size = output_head(model)
+    assert head is model.get_layer("logits") and vocab_size == 300

@@ -22,21 +22,21 @@ import psutil
 import pytest
 
 from include.local_spark import local_argv, spark_env, submit_stage
-from include.spark_submit import package_code
 from local_platform.moto_s3 import LocalS3
-from local_platform.stage_runner import run_pipeline
 from pipeline import lake, run_folder
 from pipeline.config import REPO_ROOT
 from pipeline.config_files import load_config
-from pipeline.stages import PREPROCESSING_STAGES
 from spark_jobs.generate import load_model
+from spark_jobs.model import export_hf
 from spark_jobs.training import memory, tensorboard_log
 from spark_jobs.training.train_stats import EPOCH_COLUMNS
 from spark_jobs.training.trainer import build_optimizer
-from tests.conftest import small_config
+from tests.listening import Watched, watch_listening
 from tests.spark_jobs.tensorboard_events import read_events
 
-pytestmark = pytest.mark.slow
+# A session's first test using `preprocessed` runs four spark-submit stages; the killed worker's test
+# then waits up to 240 + 400 s on its own for a training of 600 steps and its retry.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 TINY_TRAINING = [
     "model.n_layer=1",
@@ -54,18 +54,11 @@ TINY_TRAINING = [
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory, shakespeare):
-    """A run folder that went through tokenize, window, positional_embed and export, and the
-    packaged code to spark-submit the train and generate stages with."""
-    tmp = tmp_path_factory.mktemp("train")
-    text = shakespeare.read_text(encoding="utf-8")[:60_000]
-    corpus = tmp / "slice.txt"
-    corpus.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
-    config = small_config(tmp, corpus, TINY_TRAINING)
-    run = run_pipeline(config, "prepared", PREPROCESSING_STAGES)
-    code = tmp / "code"
-    package_code(code)
-    return config, run, code
+def prepared(preprocessed, code_dir):
+    """The preprocessed run folder (tests/conftest.py) with this module's training settings, and
+    the packaged code to spark-submit the train and generate stages with."""
+    config, run, _ = preprocessed
+    return load_config(overrides=[config.model_dump(), *TINY_TRAINING]), run, code_dir
 
 
 def fresh_run(prepared, name: str, overrides: list[str]) -> tuple:
@@ -87,14 +80,17 @@ def csv_rows(run: str, path: str) -> list[dict]:
     return list(csv.DictReader(lake.read_text(lake.join(run, path)).splitlines()))
 
 
-def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, monkeypatch, capfd):
+def test_two_workers_train_one_model_listening_on_loopback_only_and_generation_repeats(
+    prepared, tmp_path, monkeypatch, capfd
+):
     config, run, code = fresh_run(prepared, "two-workers", [])
     # A backup of another training: the stage says, in its log and its stats, that it starts over.
     stale = io.BytesIO()
     np.savez(stale, meta=np.array(json.dumps({"step": 20, "rows": [], "fingerprint": "another training"})))
     lake.write_bytes(lake.join(run, run_folder.BACKUP_PATH), stale.getvalue())
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    submit_stage("train", config, run, code)
+    watched = watch_listening(lambda: submit_stage("train", config, run, code))
+    check_listening(watched)
     backup = lake.join(run, run_folder.BACKUP_PATH)
     ignored = f"ignoring the training backup {backup} (step 20): it was taken with other settings or TFRecords"
     assert f"WARNING [train] {ignored}; training starts from step 0" in capfd.readouterr().err
@@ -139,10 +135,12 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
     peak = max(float(row["process_memory_max_mb"]) for row in rows)
     assert 0.8 <= memory.worker_peak_mb(config, vocab)["total"] / peak <= 1.3, peak
 
-    assert sorted(lake.list_files(lake.join(run, run_folder.MODEL_FOLDER))) == [
-        lake.join(run, run_folder.MODEL_FOLDER, run_folder.MODEL_FILE),
-        lake.join(run, run_folder.MODEL_FOLDER, run_folder.MODEL_TOKENIZER_FILE),
-    ]
+    model_folder = lake.join(run, run_folder.MODEL_FOLDER)
+    saved = {uri.removeprefix(model_folder + "/") for uri in lake.list_files(model_folder)}
+    hf = {f"{run_folder.MODEL_HF_FOLDER}/{name}" for name in export_hf.FILES}
+    saved_model = {name for name in saved if name.startswith(run_folder.MODEL_SAVED_MODEL_FOLDER + "/")}
+    assert saved - saved_model == {run_folder.MODEL_FILE, run_folder.MODEL_TOKENIZER_FILE, *hf}
+    assert f"{run_folder.MODEL_SAVED_MODEL_FOLDER}/saved_model.pb" in saved_model
     assert not lake.exists(lake.join(run, run_folder.BACKUP_FOLDER)), "backups are removed once the stage is complete"
     check_tensorboard_log(run, rows, [float(schedule(step - 1)) for step in LOG_STEPS])
 
@@ -158,6 +156,20 @@ def test_two_workers_train_one_model_and_generation_repeats(prepared, tmp_path, 
 
 
 LOG_STEPS = [10, 20, 30, 40]  # train.log_interval=10, train.max_steps=40
+
+
+def check_listening(watched: Watched) -> None:
+    """Every socket the spark-submit JVM, its Python workers and the two TensorFlow workers listened
+    on was on loopback or in a namespace holding only loopback, and the workers were contained."""
+    print("\nlistening during training:\n  " + "\n  ".join(watched.summary()))
+    print(f"other network namespaces: {watched.namespaces}; this machine's addresses: {watched.addresses}")
+    assert {entry.name for entry in watched.seen.values()} >= {"java", "python"}, watched.summary()
+    workers = [
+        entry for entry in watched.seen.values() if "spark_jobs.training.trainer" in watched.commands.get(entry.pid, "")
+    ]
+    assert len({entry.pid for entry in workers}) == 2, watched.summary()
+    watched.assert_loopback_only()
+    assert all(entry.netns != watched.here for entry in workers), "the TensorFlow workers are not contained"
 
 
 def check_tensorboard_log(run: str, rows: list[dict], rates: list[float]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -311,7 +313,7 @@ def test_a_backup_taken_with_other_settings_is_ignored_naming_them(tmp_path, sha
         backups.load_backup(run, model, optimizer, identity(slower))
     assert str(ignored.value) == (
         f"ignoring the training backup {run}/checkpoints/state.npz (step 20): it was taken with other settings: "
-        "train.learning_rate 0.002 -> 0.001; training starts from step 0"
+        f"train.learning_rate {config.train.learning_rate} -> 0.001; training starts from step 0"
     )
 
 
@@ -360,27 +362,92 @@ def test_the_learning_rate_warms_up_from_the_first_step_and_decays_to_its_minimu
     assert all(rates[i] > rates[i + 1] for i in range(9, 100))
 
 
+def model_and_optimizer(config, dim: int = 16, dropout: float = 0.5):
+    """A small decoder and its optimizer, built: what a backup holds the variables of."""
+    from spark_jobs.model.decoder import build_decoder
+    from spark_jobs.training.trainer import build_optimizer
+
+    model = build_decoder(vocab_size=50, block_size=8, dim=dim, n_layer=1, n_head=2, mlp_ratio=4, dropout=dropout)
+    optimizer, _ = build_optimizer(config)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
 def test_a_backup_restores_the_dropout_layers_random_state_with_the_weights(tmp_path, shakespeare_slice):
     """A run resumed with dropout draws the masks the uninterrupted run would have drawn."""
-    from spark_jobs.model.decoder import build_decoder
     from spark_jobs.training import backups
-    from spark_jobs.training.trainer import build_optimizer
 
     config = small_config(tmp_path, shakespeare_slice)
     run, identity = tmp_path.as_uri(), {"fingerprint": "same", "settings": {}}
 
-    def model_and_optimizer():
-        model = build_decoder(vocab_size=50, block_size=8, dim=16, n_layer=1, n_head=2, mlp_ratio=4, dropout=0.5)
-        optimizer, _ = build_optimizer(config)
-        optimizer.build(model.trainable_variables)
-        return model, optimizer
-
     inputs = np.arange(16).reshape(2, 8) % 50
-    model, optimizer = model_and_optimizer()
+    model, optimizer = model_and_optimizer(config)
     model(inputs, training=True)  # draws masks: the random state moves on
     backups.save_backup(run, 3, model, optimizer, [], identity)
     expected = model(inputs, training=True).numpy()
 
-    resumed, resumed_optimizer = model_and_optimizer()
+    resumed, resumed_optimizer = model_and_optimizer(config)
     assert backups.load_backup(run, resumed, resumed_optimizer, identity)["step"] == 3
     np.testing.assert_array_equal(resumed(inputs, training=True).numpy(), expected)
+
+
+def npz_bytes(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+DAMAGES = {  # a backup's bytes -> what a damaged copy holds
+    "junk": lambda whole: b"\x00 not a backup \xff" * 50,
+    "cut in half": lambda whole: whole[: len(whole) // 2],
+    "no meta": lambda whole: npz_bytes(model_0=np.zeros(3)),
+    "other shapes": lambda whole: whole,  # a backup of a model of another width
+}
+UNREADABLE = r"the training backup file://.*/checkpoints/state\.npz is unreadable \({}\); training starts from step 0"
+
+
+def train_step(model, optimizer) -> None:
+    import tensorflow as tf
+
+    ids = np.arange(18).reshape(2, 9) % 50
+    with tf.GradientTape() as tape:
+        logits = model(ids[:, :-1], training=True)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(ids[:, 1:], logits))
+    optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+
+@pytest.mark.parametrize(
+    "damage, warning",
+    [
+        ("junk", UNREADABLE.format("ValueError: .*pickled.*")),
+        ("cut in half", UNREADABLE.format("BadZipFile: File is not a zip file")),
+        ("no meta", UNREADABLE.format("ValueError: no meta entry")),
+        (
+            "other shapes",
+            r"ignoring the training backup .* \(step 3\): it holds other variables than this model and "
+            r"optimizer; training starts from step 0",
+        ),
+    ],
+)
+def test_a_damaged_backup_is_warned_about_and_training_starts_over(tmp_path, shakespeare_slice, damage, warning):
+    """A backup that cannot be resumed does not stop every later attempt: each starts from step 0
+    with its model as built, trains, and backs up over it."""
+    from spark_jobs.training import backups
+
+    config = small_config(tmp_path, shakespeare_slice)
+    run, identity = tmp_path.as_uri(), {"fingerprint": "same", "settings": {}}
+    uri = lake.join(run, run_folder.BACKUP_PATH)
+    backups.save_backup(run, 3, *model_and_optimizer(config, dim=8 if damage == "other shapes" else 16), [], identity)
+    lake.write_bytes(uri, DAMAGES[damage](lake.read_bytes(uri)))
+
+    model, optimizer = model_and_optimizer(config)
+    built, warnings = [variable.numpy() for variable in model.variables], []
+    assert backups.resume(run, model, optimizer, identity, warnings.append) is None
+    assert len(warnings) == 1 and re.fullmatch(warning, warnings[0]), warnings
+    for before, variable in zip(built, model.variables, strict=True):
+        np.testing.assert_array_equal(variable.numpy(), before)
+    train_step(model, optimizer)
+    backups.save_backup(run, 1, model, optimizer, [], identity)
+    resumed, resumed_optimizer = model_and_optimizer(config)
+    assert backups.resume(run, resumed, resumed_optimizer, identity, warnings.append)["step"] == 1
+    assert len(warnings) == 1 and int(resumed_optimizer.iterations) == 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spark_jobs.train import needs_distinct_hosts, shared_hosts_error
+from spark_jobs.spark.nodes import host_of, needs_distinct_hosts, shared_hosts_error
 
 
 def test_workers_need_nodes_of_their_own_on_a_cluster_only():
@@ -11,11 +11,14 @@ def test_workers_need_nodes_of_their_own_on_a_cluster_only():
 
 
 def test_workers_sharing_a_host_are_named():
-    assert shared_hosts_error(["10.0.1.17:4001", "10.0.1.18:4001", "10.0.1.19:4002"]) is None
-    error = shared_hosts_error(["10.0.1.17:4001", "10.0.1.18:4001", "10.0.1.17:4002", "10.0.1.18:4003"])
+    assert shared_hosts_error(["10.0.1.17", "10.0.1.18", "10.0.1.19"]) is None
+    error = shared_hosts_error(["10.0.1.17", "10.0.1.18", "10.0.1.17", "10.0.1.18"])
     assert error is not None
     assert "but workers 0, 2 on 10.0.1.17; workers 1, 3 on 10.0.1.18 " in error
     assert "(hosts by worker: 10.0.1.17, 10.0.1.18, 10.0.1.17, 10.0.1.18)" in error
     assert "train.num_workers must not exceed the cluster's nodes (emr.core_instance_count)" in error
-    # An IPv6 host keeps its colons; only the port is cut off.
-    assert "workers 0, 1 on ::1 " in shared_hosts_error(["::1:4001", "::1:4002"])
+    assert "workers 0, 1 on ::1 " in shared_hosts_error(["::1", "::1"])
+
+
+def test_an_ipv6_host_keeps_its_colons_only_the_port_is_cut_off():
+    assert host_of("::1:4001") == "::1" and host_of("10.0.1.17:4001") == "10.0.1.17"
