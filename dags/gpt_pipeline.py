@@ -23,6 +23,7 @@ whatever happened after `create_cluster`, and a failed step still fails the run;
 With `alerts.sns_topic_arn` set, a task that fails, a teardown included, sends a message to that SNS topic.
 With an MLflow tracking URI in the Airflow variable `tracking.uri_variable` names, `collect` logs the run
 to MLflow and `promote` registers the promoted model, alias `champion`.
+With `corpus_queue` set, an upload to the corpus on S3 starts a run, through the corpus asset's watcher.
 
 Defaults come from include/config/pipeline.yaml (`target` chooses the branch); the trigger form
 changes them for one run. The tasks, the trigger form and the settings a run cannot change:
@@ -39,6 +40,7 @@ from airflow.sdk import (
     Asset,
     AssetAny,
     AssetOrTimeSchedule,
+    AssetWatcher,
     TriggerRule,
     XComArg,
     chain,
@@ -59,6 +61,7 @@ from include import (
     preflight,
     tracking,
     trigger_form,
+    upload_trigger,
 )
 from include.airflow_names import DAG_ID, model_asset_name
 from include.emr_tasks import (
@@ -89,15 +92,17 @@ CONFIG = load_config(CONFIG_PATH)  # the deployment's settings, the run's defaul
 MODEL_ASSET = Asset(name=model_asset_name(latest_folder(CONFIG)), uri=latest_folder(CONFIG))
 
 
-def corpus_asset(uri: str) -> Asset:
+def corpus_asset(uri: str, watchers: list[AssetWatcher] | None = None) -> Asset:
     """The asset of a corpus URI, named by it. Its URI keeps a '#' or '?' in the path (a glob's
     '?' too) percent-encoded: Airflow would cut the URI there, as at a fragment or a query."""
-    return Asset(name=uri, uri=uri.replace("#", "%23").replace("?", "%3F"))
+    return Asset(name=uri, uri=uri.replace("#", "%23").replace("?", "%3F"), watchers=watchers or [])
 
 
 def retraining_schedule(config: PipelineConfig):
-    """Retrain when the corpus asset is updated, and on the configured cron or preset if there is one."""
-    corpus_assets = AssetAny(*(corpus_asset(uri) for uri in config.corpus))
+    """Retrain when the corpus asset is updated (with corpus_queue set, also on an upload to the
+    corpus on S3), and on the configured cron or preset if there is one."""
+    watchers = upload_trigger.corpus_watchers(config, AWS_CONN_ID)
+    corpus_assets = AssetAny(*(corpus_asset(uri, watchers) for uri in config.corpus))
     if config.schedule is None:
         return corpus_assets
     return AssetOrTimeSchedule(timetable=cron_timetable(config.schedule), assets=corpus_assets)

@@ -315,6 +315,11 @@ class TrackingConfig(_Section):
     register_models: bool = True
 
 
+# A standard queue's URL, as SQS gives it (https://sqs.<region>.amazonaws.com/<account id>/<name>), or a local
+# endpoint's (LocalStack, moto). S3 notifies standard queues only: a FIFO queue's name, ending in .fifo, is refused.
+SQS_QUEUE_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:\d{1,5})?/\d{12}/[A-Za-z0-9_-]{1,80}$")
+
+
 # Who may change a setting: a field marked DEPLOYMENT (a section as a unit) is set only by the
 # deployment's config file; every other one a run may change (pipeline/deployment.py).
 WHO = "who"
@@ -329,6 +334,8 @@ class PipelineConfig(_Section):
     corpus_roots: list[str] = Field(
         default=[str(SHARED_CORPUS.parent)], validate_default=True, json_schema_extra=DEPLOYMENT
     )
+    # The SQS queue the corpus bucket's event notifications go to: an upload starts a run (include/upload_trigger.py).
+    corpus_queue: str | None = Field(default=None, json_schema_extra=DEPLOYMENT)
     lake: str = Field(json_schema_extra=DEPLOYMENT)
     keep_runs: int | None = Field(default=None, ge=1, json_schema_extra=DEPLOYMENT)
     s3: S3Config = Field(json_schema_extra=DEPLOYMENT)
@@ -370,6 +377,16 @@ class PipelineConfig(_Section):
     @classmethod
     def _uris(cls, value: list[str]) -> list[str]:
         return [to_uri(item) for item in value]
+
+    @field_validator("corpus_queue")
+    @classmethod
+    def _standard_queue_url(cls, value: str | None) -> str | None:
+        if value is not None and not SQS_QUEUE_URL.match(value):
+            raise ValueError(
+                f"{shown(value)} is not the URL of a standard SQS queue: https://sqs.<region>.amazonaws.com/"
+                "<account id>/<queue name>, as `aws sqs get-queue-url` prints it (null: no retraining on upload)"
+            )
+        return value
 
     @field_validator("lake")
     @classmethod

@@ -25,6 +25,7 @@ from pipeline.stages import STAGE_NAMES
 from tests.deployments import deploy
 
 PIPELINE = ["validate_config", *STAGE_NAMES, "collect", "promote"]
+DAG_FILE = REPO_ROOT / "dags" / "gpt_pipeline.py"
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +90,34 @@ def test_a_corpus_asset_keeps_hashes_and_question_marks_of_its_path(dag_module):
         ("file:///data/vol?/*.txt", "file:///data/vol%3F/*.txt"),
         ("s3://bucket/books/*.txt", "s3://bucket/books/*.txt"),
     ]
+
+
+def test_the_corpus_asset_has_no_watcher_without_a_corpus_queue(dag):
+    assert load_config().corpus_queue is None
+    assert [asset.watchers for asset in dag.timetable.asset_condition.objects] == [[]]
+
+
+def test_a_corpus_queue_gives_every_corpus_asset_the_watcher_of_its_uploads_as_airflow_stores_it(tmp_path, monkeypatch):
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    queue = "https://sqs.eu-west-1.amazonaws.com/123456789012/gpt-pipeline-corpus-uploads"
+    corpus = ["s3://corpus-bucket/books/*.txt", "s3://corpus-bucket/poems/"]
+    deploy(monkeypatch, tmp_path / "pipeline.yaml", {"corpus": corpus, "corpus_queue": queue})
+    dag = DagSerialization.from_dict(DagSerialization.to_dict(runpy.run_path(str(DAG_FILE))["dag"]))
+    assets = dag.timetable.asset_condition.objects
+    assert [asset.name for asset in assets] == corpus
+    triggers = [watcher.trigger for asset in assets for watcher in asset.watchers]
+    # One trigger, the same on both assets (Airflow runs it once): a second reader of the queue would take its messages.
+    assert len(triggers) == 2 and triggers[0] == triggers[1]
+    assert triggers[0]["classpath"] == "include.upload_trigger.CorpusUploadTrigger"
+    assert (triggers[0]["kwargs"]["queue_url"], triggers[0]["kwargs"]["corpus"]) == (queue, corpus)
+
+
+def test_a_corpus_queue_for_a_local_corpus_fails_the_dags_parse_naming_the_setting(tmp_path, monkeypatch):
+    queue = "https://sqs.eu-west-1.amazonaws.com/123456789012/gpt-pipeline-corpus-uploads"
+    deploy(monkeypatch, tmp_path / "pipeline.yaml", {"corpus_queue": queue})
+    with pytest.raises(ConfigError, match=r"^corpus_queue: .*/tinyshakespeare\.txt is not on S3"):
+        runpy.run_path(str(DAG_FILE))
 
 
 def test_schedule_from_config_adds_a_cron_or_preset_to_the_corpus_asset(dag_module):

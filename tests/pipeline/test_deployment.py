@@ -20,6 +20,7 @@ def test_every_setting_is_of_one_kind_the_deployment_ones_marked_in_the_schema()
     assert deployment.deployment_sections() == [
         "target",
         "corpus_roots",
+        "corpus_queue",
         "lake",
         "keep_runs",
         "s3",
