@@ -20,7 +20,7 @@ override CORPUS := $(value CORPUS)
 override SET := $(value SET)
 export CORPUS SET
 
-.PHONY: help run rehearse airflow mlflow tensorboard wheelhouse check test compose-test venv hf-venv browser lock clean
+.PHONY: help run rehearse airflow mlflow tensorboard wheelhouse check test compose-test venv hf-venv mlflow-venv browser lock clean
 .DEFAULT_GOAL := help
 
 help:
@@ -30,7 +30,7 @@ help:
 	@echo "make test     the test suite: make check, then the rest (Spark, TensorFlow, Airflow, pip, end to end)"
 	@echo "make compose-test docker-compose.yaml really run: images built here, one DAG run through the REST API (docs/docker.md); ARGS=--remove-images"
 	@echo "make airflow  Airflow with its UI on http://127.0.0.1:8080, to trigger and watch runs"
-	@echo "make mlflow   MLflow's UI on http://127.0.0.1:5000: every local run, the registered models (docs/tracking.md)"
+	@echo "make mlflow   MLflow's UI on http://127.0.0.1:5000: every local run, the registered models (docs/tracking.md); builds .venv-mlflow"
 	@echo "make tensorboard  TensorBoard on http://127.0.0.1:6006 for every run in lake/runs, or RUN=lake/runs/<run id>"
 	@echo "make wheelhouse the EMR nodes' Python wheels, built with pip download and uploaded to emr.code_prefix (docs/emr.md); ARGS='--no-upload ...'"
 	@echo "make clean    remove Airflow's home, the rehearsals' copies, build and test leftovers (lake/, the runs, stays)"
@@ -59,6 +59,16 @@ $(HF_VENV)/.installed: requirements-hf.txt
 
 hf-venv: $(HF_VENV)/.installed
 
+# MLflow with its UI for `make mlflow`'s server (requirements-mlflow.txt): kept out of .venv, whose
+# pyarrow it cannot share; .venv holds the runs' client, mlflow-skinny.
+MLFLOW_VENV ?= .venv-mlflow
+$(MLFLOW_VENV)/.installed: requirements-mlflow.txt
+	$(PYTHON) -m venv --clear $(MLFLOW_VENV)
+	$(PYTHON) -m local_platform.venv_install $(MLFLOW_VENV) requirements-mlflow.txt
+	touch $@
+
+mlflow-venv: $(MLFLOW_VENV)/.installed
+
 # The whole DAG once with `airflow dags test`, S3 on a moto server that lives as long as the command.
 run: venv
 	$(BIN)/python -m local_platform.airflow_runner run --corpus "$$CORPUS" --set-from-env SET $(VERBOSE_ARG) $(ARGS)
@@ -72,8 +82,8 @@ airflow: venv
 	$(BIN)/python -m local_platform.airflow_runner ui
 
 # MLflow's server on 127.0.0.1:5000 over the local runs' store, mlflow/ (SQLite and artifacts); Ctrl-C stops it.
-mlflow: venv
-	$(BIN)/python -m local_platform.mlflow_local
+mlflow: venv mlflow-venv
+	$(BIN)/python -m local_platform.mlflow_local --mlflow $(MLFLOW_VENV)/bin/mlflow
 
 # TensorBoard over the runs' tensorboard/ folders (docs/training.md#tensorboard); Ctrl-C stops it.
 tensorboard: venv

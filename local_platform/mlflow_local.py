@@ -2,7 +2,7 @@
 it, and the tracking URI the local commands (`make run`, `make rehearse`, `make airflow`) give the
 DAG's collect and promote tasks.
 
-    python -m local_platform.mlflow_local [--port 5000]      (make mlflow)
+    python -m local_platform.mlflow_local [--port 5000] [--mlflow .venv-mlflow/bin/mlflow]    (make mlflow)
 
 The server listens on 127.0.0.1 alone, its backend store a SQLite database, mlflow/mlflow.db, its
 artifacts under mlflow/artifacts. A local command logs to the server when it answers there, else to
@@ -27,7 +27,8 @@ from pipeline.config import REPO_ROOT, PipelineConfig
 STORE = REPO_ROOT / "mlflow"
 HOST, PORT = "127.0.0.1", 5000
 URI_SETTING = "GPT_PIPELINE_MLFLOW_URI"
-MLFLOW = Path(sys.executable).parent / "mlflow"
+# MLflow with its UI, in an environment of its own (`make mlflow-venv`): .venv's mlflow-skinny has no UI.
+MLFLOW = REPO_ROOT / ".venv-mlflow" / "bin" / "mlflow"
 STOP_GRACE_S = 10
 
 
@@ -65,9 +66,9 @@ def describe(uri: str) -> str:
     return f"MLflow:           {shown_uri(uri)}"
 
 
-def server_command(store: Path, port: int) -> list[str]:
+def server_command(mlflow: Path, store: Path, port: int) -> list[str]:
     return [
-        str(MLFLOW),
+        str(mlflow),
         "server",
         "--host",
         HOST,
@@ -86,15 +87,18 @@ def interrupted(_number, _frame) -> None:
     raise KeyboardInterrupt
 
 
-def serve(store: Path, port: int) -> int:
+def serve(mlflow: Path, store: Path, port: int) -> int:
     """Run the server until Ctrl-C or SIGTERM, then stop it with every process it started (its
     web server and job runner, which it leaves behind when killed alone)."""
+    if not mlflow.is_file():
+        print(f"ERROR {mlflow} is missing: `make mlflow` builds its environment (make mlflow-venv)", file=sys.stderr)
+        return 2
     store.mkdir(parents=True, exist_ok=True)
     print(f"MLflow: {server_uri(port)} (store: {store}); Ctrl-C stops it", flush=True)
     process_tree.become_subreaper()
     signal.signal(signal.SIGTERM, interrupted)
     try:
-        return subprocess.Popen(server_command(store, port), cwd=store).wait()
+        return subprocess.Popen(server_command(mlflow, store, port), cwd=store).wait()
     except KeyboardInterrupt:
         return 130
     finally:
@@ -113,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, default=PORT)
     parser.add_argument("--store", type=Path, default=STORE, help="the folder of the SQLite store and artifacts")
+    parser.add_argument("--mlflow", type=Path, default=MLFLOW, help="the mlflow command of an MLflow with its UI")
     args = parser.parse_args(argv)
-    return serve(args.store, args.port)
+    return serve(args.mlflow, args.store, args.port)
 
 
 if __name__ == "__main__":

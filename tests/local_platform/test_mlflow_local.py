@@ -1,6 +1,6 @@
 """MLflow on this machine (local_platform/mlflow_local.py): `make mlflow`'s server, on loopback
-alone, with a run logged and registered through it as collect and promote do; the tracking URI
-the local commands give the DAG."""
+alone, with a run logged and registered through it as collect and promote do and shown by its UI
+in a real browser; the tracking URI the local commands give the DAG."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 from include import tracking
 from include.promote import promote_record
@@ -20,6 +23,7 @@ from local_platform import mlflow_local
 from local_platform.moto_s3 import LocalS3
 from pipeline.config import REPO_ROOT
 from pipeline.config_files import load_config
+from tests.e2e.browser import chromium, full_page_screenshot
 from tests.include.records import LAKE_BUCKET, RECORD_BUCKET, collected_run
 from tests.listening import free_port, watch_listening
 
@@ -45,18 +49,39 @@ def running(process: psutil.Process) -> bool:
         return False
 
 
+def ui_page_text(uri: str, tracked: dict, profile) -> str:
+    """The text of the run's page in MLflow's UI, in a real browser, once it shows the run's name."""
+    with chromium(profile) as driver:
+        driver.get(f"{uri}/#/experiments/{tracked['experiment_id']}/runs/{tracked['run_id']}")
+        WebDriverWait(driver, 60).until(lambda page: "served-1" in page.find_element(By.TAG_NAME, "body").text)
+        full_page_screenshot(driver, "mlflow-run.png")
+        return driver.find_element(By.TAG_NAME, "body").text
+
+
 def rest(uri: str, path: str) -> dict:
     with urllib.request.urlopen(f"{uri}/api/2.0/mlflow/{path}", timeout=30) as response:
         return json.loads(response.read())
 
 
+@pytest.fixture(scope="module")
+def mlflow_command() -> Path:
+    """.venv-mlflow's mlflow: make mlflow-venv builds the environment when missing or out of date."""
+    subprocess.run(["make", "mlflow-venv"], cwd=REPO_ROOT, check=True, timeout=1800)
+    return REPO_ROOT / ".venv-mlflow" / "bin" / "mlflow"
+
+
 @pytest.mark.slow
-def test_make_mlflow_serves_on_loopback_and_a_run_is_logged_and_registered_through_it(tmp_path, monkeypatch):
+@pytest.mark.pip
+def test_make_mlflow_serves_its_ui_on_loopback_and_a_run_is_logged_and_registered_through_it(
+    tmp_path, monkeypatch, mlflow_command
+):
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
+    monkeypatch.delenv(mlflow_local.URI_SETTING)  # the session's store, which conftest names
     port, store = free_port(), tmp_path / "mlflow"
     uri = mlflow_local.server_uri(port)
     command = [sys.executable, "-m", "local_platform.mlflow_local", "--port", str(port), "--store", str(store)]
+    command += ["--mlflow", str(mlflow_command)]
     seen = {}
 
     def serve_and_use() -> None:
@@ -79,6 +104,7 @@ def test_make_mlflow_serves_on_loopback_and_a_run_is_logged_and_registered_throu
                 )
             seen["run"] = rest(uri, f"runs/get?run_id={seen['tracked']['run_id']}")["run"]
             seen["champion"] = rest(uri, "registered-models/alias?name=books&alias=champion")["model_version"]
+            seen["page"] = ui_page_text(uri, seen["tracked"], tmp_path / "chromium-profile")
         finally:
             seen["started"] = psutil.Process(server.pid).children(recursive=True)
             server.send_signal(signal.SIGTERM)  # to the command alone, unlike Ctrl-C in a terminal
@@ -96,6 +122,7 @@ def test_make_mlflow_serves_on_loopback_and_a_run_is_logged_and_registered_throu
     assert {"key": "val_nats_per_char", "value": 0.9} in [
         {"key": metric["key"], "value": metric["value"]} for metric in run["data"]["metrics"]
     ]
+    assert "served-1" in seen["page"] and "gpt-pipeline" in seen["page"]  # the UI shows the run in its experiment
     assert seen["champion"]["run_id"] == seen["tracked"]["run_id"]
     assert seen["registered"]["version"] == seen["champion"]["version"] == "1"
     # The server keeps the artifacts it was sent under the store's folder, and its runs in the store's database.
