@@ -127,3 +127,14 @@ def preprocessed(tmp_path_factory, shakespeare, code_dir):
     for stage in PREPROCESSING_STAGES:
         stage_runner.submit_stage(stage, config, run, code_dir)
     return config, run, {(folder / name).as_uri(): part for name, part in texts.items()}
+
+
+@pytest.fixture
+def moto(monkeypatch):
+    """A moto server with made-up credentials, the Airflow connection aws_default pointed at it."""
+    from local_platform.moto_s3 import LocalS3
+
+    with LocalS3() as server:
+        for name, value in server.connection_env().items():
+            monkeypatch.setenv(name, value)
+        yield server

@@ -10,7 +10,6 @@ import runpy
 import pytest
 
 from include.airflow_names import DAG_ID
-from local_platform.moto_s3 import LocalS3
 from pipeline.config import REPO_ROOT, ConfigError
 from pipeline.config_files import load_config
 from tests.alert_topic import AlertTopic
@@ -22,15 +21,6 @@ DAG_FILE = REPO_ROOT / "dags" / "gpt_pipeline.py"
 # Refused by validate_config, whose error repeats the value: Jinja's braces, which reach the message as they are.
 BAD_SETTING = "data.val_split={{ ds }}"
 NOT_PUBLISHED = "alert: the task's failure was not published to"
-
-
-@pytest.fixture
-def moto(monkeypatch):
-    """A moto server with made-up credentials, the Airflow connection aws_default pointed at it."""
-    with LocalS3() as server:
-        for name, value in server.connection_env().items():
-            monkeypatch.setenv(name, value)
-        yield server
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ from include.upload_trigger import (
     queue_region,
     uploaded_objects,
 )
-from local_platform.moto_s3 import LocalS3
 from pipeline.config import REPO_ROOT, ConfigError
 from pipeline.config_files import load_config
 from tests.deployments import deploy
@@ -167,15 +166,6 @@ def test_a_corpus_queue_must_be_a_standard_queues_url(url):
 
 
 # The DAG's own trigger on a moto server: the bucket notifies the queue of new objects under books/.
-
-
-@pytest.fixture
-def moto(monkeypatch):
-    """A moto server, the Airflow connection aws_default pointed at it."""
-    with LocalS3() as server:
-        for name, value in server.connection_env().items():
-            monkeypatch.setenv(name, value)
-        yield server
 
 
 @pytest.fixture
