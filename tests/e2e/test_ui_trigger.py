@@ -396,6 +396,9 @@ def test_trigger_from_ui_form_runs_the_pipeline_and_records_to_s3(airflow_ui, br
     assert recorded["train"]["max_steps"] == MAX_STEPS and recorded["tokenizer"]["vocab_size"] == 512
     assert recorded["corpus"] == [shakespeare_slice.as_uri()]
     assert s3_json(run_folder.stats_path("train"))["steps"] == MAX_STEPS
+    # collect's XCom is the record's report and where MLflow tracked the run (make airflow's store).
+    tracked = report.pop("mlflow")
+    assert tracked["run_id"] and tracked["tracking_uri"] == os.environ["GPT_PIPELINE_MLFLOW_URI"]
     assert s3_json(run_folder.REPORT_JSON) == report
     sample = s3.get_object(Bucket=bucket, Key=prefix + run_folder.SAMPLES_PATH)["Body"].read().decode("utf-8")
     assert sample.strip() and sample == report["sample"]
