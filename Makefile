@@ -102,13 +102,15 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; }
 
 # The inner loop: lint, format, and the tests marked none of slow, spark, tensorflow, airflow, pip
-# (tests/layers.py). ARGS narrows it: a file, -k, -x, another -m.
+# (tests/layers.py), on one pytest-xdist worker per core. ARGS narrows it: a file, -k, -x, another
+# -m; ARGS='-n 0' runs it in one process (for pdb).
 check: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest --part check $(ARGS)
+	$(BIN)/python -m pytest --part check -n auto $(ARGS)
 
-# check first, so that a lint error or a broken unit shows in minutes; then the rest of the suite.
+# check first, so that a lint error or a broken unit shows in minutes; then the rest of the suite,
+# one test at a time: its end-to-end runs use every core, and several hold fixed loopback ports.
 test: check browser
 	$(BIN)/python -m pytest --part rest $(ARGS)
 

@@ -73,12 +73,13 @@ def test_check_keeps_the_unmarked_tests_and_rest_the_marked_ones(tmp_path):
     assert selected(tmp_path, "rest") == ["test_starts_a_jvm", "test_writes_the_database"]
 
 
-def test_a_part_that_holds_none_of_the_tests_asked_for_passes(tmp_path):
-    assert (
-        pytest_on_the_suite(tmp_path, "--part", "check", "-k", "test_writes_the_database and not unmarked").returncode
-        == 0
-    )
-    assert pytest_on_the_suite(tmp_path, "-k", "no_such_test").returncode == pytest.ExitCode.NO_TESTS_COLLECTED
+# make check runs its tests on pytest-xdist's workers, whose controller collects nothing itself.
+@pytest.mark.parametrize("workers", [[], ["-p", "xdist", "-n", "2"]], ids=["one process", "xdist workers"])
+def test_a_part_that_holds_none_of_the_tests_asked_for_passes(tmp_path, workers):
+    none_of_check = ["--part", "check", "-k", "test_writes_the_database and not unmarked"]
+    assert pytest_on_the_suite(tmp_path, *workers, *none_of_check).returncode == 0
+    no_such_test = pytest_on_the_suite(tmp_path, *workers, "-k", "no_such_test")
+    assert no_such_test.returncode == pytest.ExitCode.NO_TESTS_COLLECTED
 
 
 def test_a_test_that_writes_the_airflow_database_unmarked_fails(tmp_path):
