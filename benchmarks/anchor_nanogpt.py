@@ -115,29 +115,35 @@ def run_nanogpt(python: str, work: Path) -> tuple[float, float]:
     return seconds, float(losses[-1])
 
 
-def train_ours(args, workers: int) -> tuple[dict, list[dict], dict]:
-    """Our train stage with an evaluation of the whole validation split every eval_interval steps."""
-    base_overrides = [{"lake": args.lake}, {"corpus": str(args.corpus)}, *args.overrides]
-    config = load_config(overrides=[*base_overrides, f"train.num_workers={workers}"])
+def preprocess(lake_root: str, corpus: Path, overrides: list) -> tuple[str, dict]:
+    """Our preprocessing stages (untimed, as nanoGPT's prepare.py): the run folder and its manifest."""
+    config = load_config(overrides=[{"lake": lake_root}, {"corpus": str(corpus)}, *overrides])
     run_id = f"anchor-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     base = run_pipeline(config, run_id, PREPROCESSING_STAGES)
-    manifest = lake.read_json(lake.join(base, run_folder.MANIFEST_PATH))
-    per_worker_batch = config.train.batch_size // workers
-    whole_split = math.ceil(most_windows_per_worker(manifest, "val", workers) / per_worker_batch)
-    config = load_config(
-        overrides=[
-            *base_overrides,
-            f"train.num_workers={workers}",
-            f"train.eval_interval={args.eval_interval}",
-            f"train.eval_batches={whole_split}",
-        ]
-    )
-    run = clone_run(base, "anchor", config)
+    return base, lake.read_json(lake.join(base, run_folder.MANIFEST_PATH))
+
+
+def train_evaluated(base: str, manifest: dict, overrides: list, eval_interval: int, name: str):
+    """The train stage on a copy of the preprocessed run `base`, evaluating the whole validation split
+    every eval_interval steps: its stats, its stats/epochs.csv rows and its config."""
+    config = load_config(overrides=overrides)
+    workers = config.train.num_workers
+    whole_split = math.ceil(most_windows_per_worker(manifest, "val", workers) / (config.train.batch_size // workers))
+    evaluated = [f"train.eval_interval={eval_interval}", f"train.eval_batches={whole_split}"]
+    config = load_config(overrides=[*overrides, *evaluated])
+    run = clone_run(base, name, config)
     with packaged_code() as code_dir:
         submit_stage("train", config, run, code_dir)
     stats = lake.read_json(run_folder.stats_uri(run, "train"))
     rows = list(csv.DictReader(io.StringIO(lake.read_text(lake.join(run, run_folder.EPOCHS_CSV_PATH)))))
     return stats, rows, config
+
+
+def train_ours(args, workers: int) -> tuple[dict, list[dict], dict]:
+    """Our train stage with an evaluation of the whole validation split every eval_interval steps."""
+    overrides = [{"lake": args.lake}, {"corpus": str(args.corpus)}, *args.overrides, f"train.num_workers={workers}"]
+    base, manifest = preprocess(args.lake, args.corpus, [*args.overrides, f"train.num_workers={workers}"])
+    return train_evaluated(base, manifest, overrides, args.eval_interval, "anchor")
 
 
 def first_at_or_below(rows: list[dict], loss: float) -> tuple[int, float] | None:

@@ -1,5 +1,5 @@
-"""benchmarks/anchor_nanogpt.py: nanoGPT gets the split its prepare.py makes, and our crossings are
-read from the training clock of stats/epochs.csv."""
+"""benchmarks/anchor_nanogpt.py and levers.py: nanoGPT gets the split its prepare.py makes, our crossings are
+read from the training clock of stats/epochs.csv, and a lever leaves the shared preprocessing alone."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks.anchor_nanogpt import NANOGPT_FILES, check_nanogpt, first_at_or_below, prepare_nanogpt
+from benchmarks.levers import lever_settings
 
 
 def test_nanogpt_trains_on_the_first_90_percent_and_validates_on_the_rest(shakespeare, tmp_path):
@@ -48,3 +49,13 @@ def test_a_folder_that_is_not_a_nanogpt_checkout_is_named_with_what_it_lacks(tmp
     (tmp_path / "train.py").write_text("")
     with pytest.raises(SystemExit, match=r"not a nanoGPT checkout: it lacks model.py, configurator.py, config/"):
         check_nanogpt(tmp_path)
+
+
+def test_a_lever_changes_what_the_train_stage_reads_and_names_a_setting_of_the_preprocessing():
+    assert lever_settings("") == []
+    assert lever_settings(" train.learning_rate=0.006  model.dropout=0.1 ") == [
+        "train.learning_rate=0.006",
+        "model.dropout=0.1",
+    ]
+    with pytest.raises(SystemExit, match=r"data.block_size=64 changes the preprocessing every lever shares"):
+        lever_settings("train.batch_size=16 data.block_size=64")
