@@ -1,7 +1,7 @@
 """Training against its reference, measured side by side: nanoGPT's README CPU command, then ours.
 
     .venv/bin/python -m benchmarks.anchor_nanogpt --nanogpt DIR --python TORCH_PYTHON [--workers 2]
-        [--corpus PATH] [--eval-interval 25] [--set section.key=value ...]
+        [--corpus PATH] [--eval-interval 10] [--set section.key=value ...]
 
 DIR is a checkout of https://github.com/karpathy/nanoGPT (its train.py, model.py, configurator.py
 and config/train_shakespeare_char.py are used, unchanged); TORCH_PYTHON a Python with torch and
@@ -169,7 +169,7 @@ def main() -> None:
     parser.add_argument("--python", required=True, help="a Python with torch and numpy, for nanoGPT")
     parser.add_argument("--corpus", type=Path, default=CORPUS)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--eval-interval", type=int, default=25)
+    parser.add_argument("--eval-interval", type=int, default=10)
     parser.add_argument("--lake", default=str(Path(tempfile.gettempdir()) / "gpt-pipeline-anchor"))
     add_set_argument(parser)
     args = parser.parse_args()

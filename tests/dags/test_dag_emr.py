@@ -458,7 +458,9 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     assert tracked.data.tags["gpt_pipeline.target"] == "emr" and tracked.data.tags["airflow.run_id"] == dag_run.run_id
     assert tracked.data.tags["gpt_pipeline.record"] == report["s3_uri"]
     assert tracked.data.metrics["final_val_nats_per_char"] == TRAIN_STATS["final_val_nats_per_char"]
-    assert "emr.core_instance_count" not in tracked.data.params and tracked.data.params["train.max_steps"] == "300"
+    assert "emr.core_instance_count" not in tracked.data.params and tracked.data.params["train.max_steps"] == str(
+        config.train.max_steps
+    )
     assert mlflow.get_model_version_by_alias(config.run_name, "champion").run_id == tracked.info.run_id
 
 
