@@ -115,9 +115,14 @@ def run_nanogpt(python: str, work: Path) -> tuple[float, float]:
     return seconds, float(losses[-1])
 
 
-def preprocess(lake_root: str, corpus: Path, overrides: list) -> tuple[str, dict]:
+def benchmark_settings(lake_root: str, corpus: Path, overrides: list) -> list:
+    """The overrides of a benchmark run: its lake and corpus, then the --set ones."""
+    return [{"lake": lake_root}, {"corpus": str(corpus)}, *overrides]
+
+
+def preprocess(overrides: list) -> tuple[str, dict]:
     """Our preprocessing stages (untimed, as nanoGPT's prepare.py): the run folder and its manifest."""
-    config = load_config(overrides=[{"lake": lake_root}, {"corpus": str(corpus)}, *overrides])
+    config = load_config(overrides=overrides)
     run_id = f"anchor-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     base = run_pipeline(config, run_id, PREPROCESSING_STAGES)
     return base, lake.read_json(lake.join(base, run_folder.MANIFEST_PATH))
@@ -141,8 +146,8 @@ def train_evaluated(base: str, manifest: dict, overrides: list, eval_interval: i
 
 def train_ours(args, workers: int) -> tuple[dict, list[dict], dict]:
     """Our train stage with an evaluation of the whole validation split every eval_interval steps."""
-    overrides = [{"lake": args.lake}, {"corpus": str(args.corpus)}, *args.overrides, f"train.num_workers={workers}"]
-    base, manifest = preprocess(args.lake, args.corpus, [*args.overrides, f"train.num_workers={workers}"])
+    overrides = benchmark_settings(args.lake, args.corpus, [*args.overrides, f"train.num_workers={workers}"])
+    base, manifest = preprocess(overrides)
     return train_evaluated(base, manifest, overrides, args.eval_interval, "anchor")
 
 

@@ -22,7 +22,14 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from benchmarks.anchor_nanogpt import CORPUS, TARGET_NATS_PER_CHAR, first_at_or_below, preprocess, train_evaluated
+from benchmarks.anchor_nanogpt import (
+    CORPUS,
+    TARGET_NATS_PER_CHAR,
+    benchmark_settings,
+    first_at_or_below,
+    preprocess,
+    train_evaluated,
+)
 from pipeline.overrides import add_set_argument
 
 PREPROCESSING_SECTIONS = ("data.", "tokenizer.", "embedding.", "corpus", "lake")
@@ -54,11 +61,10 @@ def main() -> None:
     args = parser.parse_args()
     levers = [lever_settings(lever) for lever in args.lever]
     targets = args.target or [NANOGPT_FINAL_NATS_PER_CHAR, TARGET_NATS_PER_CHAR]
-    shared = [*args.overrides, f"train.num_workers={args.workers}"]
-    base, manifest = preprocess(args.lake, args.corpus, shared)
-    config = [{"lake": args.lake}, {"corpus": str(args.corpus)}, *shared]
+    shared = benchmark_settings(args.lake, args.corpus, [*args.overrides, f"train.num_workers={args.workers}"])
+    base, manifest = preprocess(shared)
     for number, settings in enumerate(levers):
-        stats, rows, _ = train_evaluated(base, manifest, [*config, *settings], args.eval_interval, f"lever{number}")
+        stats, rows, _ = train_evaluated(base, manifest, [*shared, *settings], args.eval_interval, f"lever{number}")
         crossings = []
         for target in targets:
             crossing = first_at_or_below(rows, target)

@@ -76,19 +76,18 @@ def run_timed(command: list[str]) -> tuple[int, list[tuple[float, str]]]:
 
 def spans(lines: list[tuple[float, str]], start: float, end: float) -> tuple[list, list]:
     """(name, start, end) of the whole run and each pytest part, and of each test file of the rest."""
-    parts, files, rest_from, previous = [("whole run", start)], [], None, None
+    starts, files, previous = [], [], None  # previous: the last line that ended a span of the rest part
     for stamp, text in lines:
-        part = PART.search(text)
+        part, file = PART.search(text), FILE_LINE.match(text)
         if part:
-            parts.append((part.group(1), stamp))
-            if part.group(1) == "rest":
-                rest_from = previous = stamp
-        elif rest_from is not None and FILE_LINE.match(text):
-            files.append((FILE_LINE.match(text).group(1), previous, stamp))
+            starts.append((part.group(1), stamp))
+            previous = stamp if part.group(1) == "rest" else None
+        elif file and previous is not None:
+            files.append((file.group(1), previous, stamp))
             previous = stamp
-    bounded = [(name, at, parts[i + 1][1] if i + 1 < len(parts) else end) for i, (name, at) in enumerate(parts)]
-    bounded[0] = ("whole run", start, end)
-    return bounded, files
+    ends = [at for _, at in starts[1:]] + [end] * bool(starts)
+    parts = [(name, at, until) for (name, at), until in zip(starts, ends, strict=True)]
+    return [("whole run", start, end), *parts], files
 
 
 def line(name: str, wall: float, cpu: float) -> str:
