@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted(float(size) for size in args.mb.split(","))
     cores = os.cpu_count() or 2  # local_spark's local[N]; the tokenizer gets as many threads
     load_before = os.getloadavg()[0]  # other work on the machine skews every figure
-    unrecorded = [stage for stage in PREPROCESSING_STAGES if class_archive.stage_archive(stage) is None]
+    unrecorded = class_archive.current_archive() is None
     if args.files < 1:
         parser.error("--files must be at least 1")
     results = [measure(size, args.files, args.overrides, cores, args.repeats, args.keep) for size in sizes]
@@ -222,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average (1 min) before the run {load_before:.1f}, after {os.getloadavg()[0]:.1f}, on {cores} cores")
     if unrecorded:
         print(
-            f"JVM class archives recorded during this run for {', '.join(unrecorded)}: "
-            "the first size's figures include the recording; run again for the usual ones"
+            "the JVM class archive was recorded during this run: the first stage's figures include "
+            "the recording; run again for the usual ones"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

@@ -1,14 +1,16 @@
-"""Class-data-sharing archives for the local Spark JVMs: about 2 s less per spark-submit.
+"""Class-data-sharing archive for the local Spark JVMs: about 2 s less per spark-submit.
 
 A Spark application's JVM spends seconds loading and verifying the same ~10,000 classes every
-time (Spark core, Spark SQL, Parquet, MLlib), first at start-up and again at its first query.
-Java's dynamic CDS keeps them, already parsed and verified, in an archive that later JVMs map
-from disk. Each stage gets its own archive (the classes it loads), recorded the first time the
-stage runs (-XX:ArchiveClassesAtExit, a few seconds more that once) and used from then on
-(-XX:SharedArchiveFile). An archive fits one JDK build and one Spark where it is installed: it is
-named after both, so a new JDK or pyspark, or a moved virtual environment, records a new one. One
-that does not fit anyway (a JVM checks) is ignored by the JVM with a warning; one cut short would
-crash it, so the name also carries the size.
+time (Spark core, Spark SQL, Parquet), first at start-up and again at its first query. Java's
+dynamic CDS keeps them, already parsed and verified, in an archive that later JVMs map from disk.
+The stages share one archive: the first Spark application on a machine records the classes it
+loaded (-XX:ArchiveClassesAtExit, some 9 s more that once) and every later one, of any stage, maps
+it (-XX:SharedArchiveFile); a class the recording JVM never loaded (MLlib's, for one) comes from
+its jar as before. One archive per stage saved no more and cost the first run some 45 s more.
+An archive fits one JDK build and one Spark where it is installed: it is named after both, so a
+new JDK or pyspark, or a moved virtual environment, records a new one. One that does not fit
+anyway (a JVM checks) is ignored by the JVM with a warning; one cut short would crash it, so the
+name also carries the size.
 Local target only: on EMR every cluster is new.
 """
 
@@ -34,9 +36,9 @@ def java_binary() -> Path | None:
     return Path(found).resolve() if found and Path(found).exists() else None
 
 
-def archive_prefix(stage: str, folder: Path = ARCHIVE_DIR) -> Path | None:
-    """Where the stage's archive for this JDK build and this pyspark goes, without its size and
-    suffix; None when java cannot be found."""
+def archive_prefix(folder: Path = ARCHIVE_DIR) -> Path | None:
+    """Where the archive for this JDK build and this pyspark goes, without its size and suffix;
+    None when java cannot be found."""
     import pyspark
 
     java = java_binary()
@@ -47,7 +49,7 @@ def archive_prefix(stage: str, folder: Path = ARCHIVE_DIR) -> Path | None:
     # virtual environment moved or copied, archives and all), and would never record a new one.
     spark_jars = Path(pyspark.__file__).parent / "jars"
     build = f"{java}:{libjvm.stat().st_size}:{libjvm.stat().st_mtime_ns}:{pyspark.__version__}:{spark_jars}"
-    return folder / f"{stage}-{hashlib.sha256(build.encode()).hexdigest()[:12]}"
+    return folder / f"spark-{hashlib.sha256(build.encode()).hexdigest()[:12]}"
 
 
 def recorded_archive(prefix: Path) -> Path | None:
@@ -61,9 +63,9 @@ def recorded_archive(prefix: Path) -> Path | None:
     return None
 
 
-def stage_archive(stage: str, folder: Path = ARCHIVE_DIR) -> Path | None:
-    """The stage's whole archive for this JDK and pyspark, if it has been recorded."""
-    prefix = archive_prefix(stage, folder)
+def current_archive(folder: Path = ARCHIVE_DIR) -> Path | None:
+    """The whole archive for this JDK and pyspark, if it has been recorded."""
+    prefix = archive_prefix(folder)
     return None if prefix is None else recorded_archive(prefix)
 
 
@@ -85,29 +87,29 @@ def path_option(option: str, path: Path) -> str:
 
 @contextlib.contextmanager
 def sharing(stage: str, folder: Path = ARCHIVE_DIR) -> Iterator[tuple[str, ...]]:
-    """The JVM options for a run of `stage`: use its archive, or record it during this run.
+    """The JVM options for a run of `stage`: use the archive, or record it during this run.
 
     A recording is written under a name of its own and takes the archive's name only once the
     run has succeeded, so concurrent runs never share a half-written file.
     """
-    archive = stage_archive(stage, folder)
+    archive = current_archive(folder)
     if archive is not None:
         yield (path_option("-XX:SharedArchiveFile", archive),)
         return
-    prefix = archive_prefix(stage, folder)  # again only on the one run that records
+    prefix = archive_prefix(folder)  # again only on the one run that records
     if prefix is None or not can_record(folder):  # e.g. a read-only environment: no archive
         yield ()
         return
     recording = prefix.with_name(f"{prefix.name}.{os.getpid()}.recording")
-    print(f"{stage}: recording its JVM class archive (once, a few seconds) in {folder}", flush=True)
+    print(f"{stage}: recording the JVM class archive of the Spark stages (once, a few seconds) in {folder}", flush=True)
     try:
         # cds=off: the recording JVM lists every class it cannot archive (signed jars, ...) as a warning.
         yield (path_option("-XX:ArchiveClassesAtExit", recording), "-Xlog:cds=off")
         if recording.exists():
             archive = prefix.with_name(f"{prefix.name}-{recording.stat().st_size}.jsa")
             os.replace(recording, archive)
-            for other_build in folder.glob(f"{stage}-*.jsa"):  # an older JDK or pyspark's
-                if not other_build.name.startswith(f"{prefix.name}-"):
-                    other_build.unlink(missing_ok=True)
+            for other in folder.glob("*.jsa"):  # an older JDK's or pyspark's, or an older layout's
+                if other != archive:
+                    other.unlink(missing_ok=True)
     finally:
         recording.unlink(missing_ok=True)

@@ -1,8 +1,8 @@
 """Installs a requirements file into a new virtual environment: with uv when it can, else with pip.
 
 `make venv` and `make hf-venv` run it with the system's Python 3.11, so it uses the standard
-library only. uv (its pin is in requirements.txt) installs and byte-compiles in parallel and
-links from its cache; it reads the package sources pip is configured with (`pip config list`:
+library only. uv (its pin is in requirements.txt) installs in parallel and links from its cache;
+it reads the package sources pip is configured with (`pip config list`:
 index, extra indexes, find-links, constraints). Its cache alone is tried first (quietly: a
 first install has no cache), then the indexes, then pip, each with a line saying why the one before
 failed: the environment never depends on uv.
@@ -68,8 +68,8 @@ def uv_attempts(venv: Path, requirements: Path, sources: list[str]) -> list[list
         # pip's way: each pinned version from whichever source has it, not only the first.
         "--index-strategy",
         "unsafe-best-match",
-        # A run's processes import from it at once: pip compiles at install too.
-        "--compile-bytecode",
+        # No --compile-bytecode: compiling all of it (1.9 GB, mostly TensorFlow) took 41 s of a
+        # fresh clone's 47 s; a run imports a small part, which Python compiles once, as it goes.
         *sources,
         "-r",
         str(requirements),

@@ -63,15 +63,33 @@ def test_a_truncated_archive_is_recorded_again(tmp_path):
     assert archive.name.endswith(f"-{archive.stat().st_size}.jsa")
 
 
-def test_each_stage_and_each_build_has_its_own_archive(tmp_path, monkeypatch):
-    tokenize = class_archive.archive_prefix("tokenize", tmp_path)
-    assert tokenize != class_archive.archive_prefix("window", tmp_path) and tokenize.parent == tmp_path
+def test_each_build_has_its_own_archive(tmp_path, monkeypatch):
+    archive = class_archive.archive_prefix(tmp_path)
+    assert archive.parent == tmp_path
     monkeypatch.setattr("pyspark.__version__", "0.0.0")
-    assert class_archive.archive_prefix("tokenize", tmp_path) != tokenize
+    assert class_archive.archive_prefix(tmp_path) != archive
     monkeypatch.undo()
     # The same Spark elsewhere (a moved or copied environment) has another class path, which the JVM checks.
     monkeypatch.setattr("pyspark.__file__", str(tmp_path / "elsewhere" / "pyspark" / "__init__.py"))
-    assert class_archive.archive_prefix("tokenize", tmp_path) != tokenize
+    assert class_archive.archive_prefix(tmp_path) != archive
+
+
+def test_one_stage_records_the_archive_that_the_others_map(tmp_path):
+    with class_archive.sharing("tokenize", tmp_path) as options:
+        assert options[0].startswith("-XX:ArchiveClassesAtExit=")
+        assert spark_submit(["--version"], options).returncode == 0
+    [archive] = tmp_path.iterdir()
+    with class_archive.sharing("window", tmp_path) as options:
+        assert options == (f'-XX:SharedArchiveFile="{archive}"',)
+
+
+def test_recording_removes_the_archives_of_an_older_layout(tmp_path):
+    """Earlier versions kept one archive per stage (tokenize-<build>-<size>.jsa): 0.5 GB."""
+    (tmp_path / "tokenize-0123456789ab-5.jsa").write_bytes(b"12345")
+    with class_archive.sharing("probe", tmp_path) as options:
+        assert spark_submit(["--version"], options).returncode == 0
+    [archive] = tmp_path.iterdir()
+    assert archive.name.startswith("spark-")
 
 
 def test_recording_for_a_new_build_removes_the_old_builds_archive(tmp_path, monkeypatch):
