@@ -109,10 +109,11 @@ check: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest --part check -n auto $(ARGS)
 
-# check first, so that a lint error or a broken unit shows in minutes; then the rest of the suite,
-# one test at a time: its end-to-end runs use every core, and several hold fixed loopback ports.
+# check first, so that a lint error or a broken unit shows in minutes; then the rest of the suite
+# on two workers, a test file at a time, the files that hold fixed addresses one after the other
+# (tests/side_by_side.py). ARGS='-n 0' runs it in one process.
 test: check browser
-	$(BIN)/python -m pytest --part rest $(ARGS)
+	$(BIN)/python -m pytest --part rest -n 2 --dist loadfile $(ARGS)
 
 # The compose stack started on this machine (dockerd too, as root, when none runs), one small DAG
 # run triggered through Airflow's REST API and its record read from LocalStack; then the stack is

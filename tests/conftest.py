@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 # The suite's parts (make check, make test) and the guard that a test starts only what it is marked for.
-pytest_plugins = ("tests.layers",)
+pytest_plugins = ("tests.layers", "tests.side_by_side")
 
 # Airflow reads its home and database when first imported: give the test session its own.
 AIRFLOW_HOME = tempfile.mkdtemp(prefix="gpt-pipeline-test-airflow-")
