@@ -7,8 +7,9 @@ from /proc/stat every --every seconds, and prints afterwards: for the whole run 
 part it saw start (`--part check`, `--part rest`), the wall time, the CPU-seconds spent and how busy
 that kept the cores; then the --files test files of the rest part with the longest wall time, each
 with its CPU-seconds (pytest prints a file's line once its tests are done, so a file's time runs
-from the line before). Half the CPU-seconds of a run is the least any scheduling of it can take on
-2 cores. The machine's CPU time counts everything on it: run it with nothing else running.
+from the line before; on xdist's workers it prints no such lines: `make test ARGS='-n 0'` for
+them). Half the CPU-seconds of a run is the least any scheduling of it can take on 2 cores. The
+machine's CPU time counts everything on it: run it with nothing else running.
 """
 
 from __future__ import annotations
