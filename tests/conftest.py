@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 # The suite's parts (make check, make test) and the guard that a test starts only what it is marked for.
 pytest_plugins = ("tests.layers", "tests.side_by_side")
@@ -105,28 +106,52 @@ def code_dir(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
-def preprocessed(tmp_path_factory, shakespeare, code_dir):
-    """A run folder through the four preprocessing applications (each a real spark-submit) on two
-    files cut from the first ~60 kB of tinyshakespeare: read by tests/e2e/test_preprocess.py, and
-    copied by the training tests. Returns the config, the run folder and each file's text."""
+PREPROCESSED_MARK = "made"  # written once the four applications have succeeded
+
+
+def make_preprocessed(tmp: Path, shakespeare: Path, code_dir: Path) -> None:
+    """Two corpus files cut from the first ~60 kB of tinyshakespeare under tmp, and the run folder
+    "e2e" through the four preprocessing applications, each a real spark-submit."""
     from local_platform import stage_runner
     from pipeline.stages import PREPROCESSING_STAGES
 
-    tmp = tmp_path_factory.mktemp("preprocessed")
     text = shakespeare.read_text(encoding="utf-8")[:60_000]
     text = text[: text.rfind("\n") + 1]
     middle = text.rfind("\n", 0, 40_000) + 1
     folder = tmp / "corpus"
-    folder.mkdir()
-    texts = {"a.txt": text[:middle], "b.txt": text[middle:]}
-    for name, part in texts.items():
+    folder.mkdir(parents=True)
+    for name, part in {"a.txt": text[:middle], "b.txt": text[middle:]}.items():
         (folder / name).write_text(part, encoding="utf-8")
     config = small_config(tmp, folder / "*.txt")
     run = new_run(config, "e2e")
     for stage in PREPROCESSING_STAGES:
         stage_runner.submit_stage(stage, config, run, code_dir)
-    return config, run, {(folder / name).as_uri(): part for name, part in texts.items()}
+    (tmp / PREPROCESSED_MARK).touch()
+
+
+def read_preprocessed(tmp: Path) -> tuple[PipelineConfig, str, dict[str, str]]:
+    folder = tmp / "corpus"
+    config = small_config(tmp, folder / "*.txt")
+    texts = {path.as_uri(): path.read_text(encoding="utf-8") for path in sorted(folder.glob("*.txt"))}
+    return config, run_folder.run_dir(config, "e2e"), texts
+
+
+@pytest.fixture(scope="session")
+def preprocessed(tmp_path_factory, shakespeare, code_dir, worker_id):
+    """A run folder through the four preprocessing applications on two small files: read by
+    tests/e2e/test_preprocess.py, and copied by the training tests. Returns the config, the run
+    folder and each file's text. Made once per test run: on pytest-xdist's workers, by the first
+    one to ask, under a lock, in the folder they share; the other reads it."""
+    if worker_id == "master":
+        tmp = tmp_path_factory.mktemp("preprocessed")
+        make_preprocessed(tmp, shakespeare, code_dir)
+        return read_preprocessed(tmp)
+    tmp = tmp_path_factory.getbasetemp().parent / "preprocessed"
+    with FileLock(f"{tmp}.lock"):
+        if not (tmp / PREPROCESSED_MARK).exists():
+            shutil.rmtree(tmp, ignore_errors=True)  # what a worker that failed making it left
+            make_preprocessed(tmp, shakespeare, code_dir)
+    return read_preprocessed(tmp)
 
 
 @pytest.fixture
