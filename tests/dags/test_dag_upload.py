@@ -28,7 +28,9 @@ from tests.upload_queue import UploadQueue
 pytestmark = [pytest.mark.slow, pytest.mark.airflow]  # Airflow's components on a database they migrate
 
 BUCKET = "corpus-bucket"
-COMPONENTS = ("dag-processor", "triggerer", "scheduler")
+# The scheduler and the triggerer without their log servers, which would listen on every interface
+# (ports 8793 and 8794), as `make airflow` runs them (local_platform/standalone.py).
+COMPONENTS = (["dag-processor"], ["triggerer", "--skip-serve-logs"], ["scheduler", "--skip-serve-logs"])
 STOP_SECONDS = 60  # the triggerer waits out its trigger's long poll (20 s) as it stops
 
 
@@ -56,11 +58,11 @@ def airflow_components(env: dict[str, str], home: Path) -> Iterator[None]:
     what they started."""
     started = []
     try:
-        for name in COMPONENTS:
+        for name, *options in COMPONENTS:
             log = (home / f"{name}.log").open("w")
             started.append(
                 subprocess.Popen(
-                    [str(AIRFLOW), name],
+                    [str(AIRFLOW), name, *options],
                     env=env,
                     cwd=REPO_ROOT,
                     stdout=log,
