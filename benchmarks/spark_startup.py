@@ -8,7 +8,7 @@ positional_embed, export, a short train, generate) in a fresh run folder per rep
 spark-submit as include/local_spark.submit_stage does, timing every application's wall time.
 Variants:
 
-- all: as `make run` runs them (the stage's class-data-sharing archive, include/class_archive.py,
+- all: as `make run` runs them (the stages' shared class-data-sharing archive, include/class_archive.py,
   and stop_spark's two tricks: the barrier timer cancelled, pyspark's accumulator server detached);
 - no_archive: without the class archive (no JVM option);
 - keep_accumulator_server: stop_spark without detaching the accumulator server (the barrier timer
@@ -17,8 +17,8 @@ Variants:
   without the barrier timer cancelled. Every application runs under --timeout; one that does not
   end by then is killed and shown as a timeout (and the stages after it do not run).
 
-The archives are recorded in a temporary folder by a first run of every stage (its time shown
-apart), so the virtual environment's own archives are neither used nor touched. The variants of
+The archive is recorded in a temporary folder by a first run of the six (its time shown apart;
+its first stage records it), so the virtual environment's own archive is neither used nor touched. The variants of
 stop_spark are made in the packaged code only (spark_jobs/spark/stage_app.py in the zip spark-submit
 ships gets a stop_spark of its own appended), not in the repository's. Prints a table of medians
 per stage and the sum over the six applications, and the load average: on a shared machine the
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(folder)
         config = load_config(overrides=[{"corpus": str(corpus(work, args.kb)), "lake": str(work / "lake")}, *SMALL])
         archives = Path(args.archives) if args.archives else work / "archives"
-        print("recording the class archives (a first run of every stage):", flush=True)
+        print("recording the class archive (a first run of the stages):", flush=True)
         recording = run_variant("all", config, "recording", work, archives, args.timeout)
         results = {variant: [] for variant in variants}
 
