@@ -24,7 +24,7 @@ from pipeline.config import GenerateConfig, PipelineConfig, to_uri
 from pipeline.config_files import load_config
 from pipeline.errors import PipelineError
 from pipeline.log import printable
-from spark_jobs.model import export_hf, sampler
+from spark_jobs.model import export_hf
 from spark_jobs.spark.stage_app import run_stage
 from spark_jobs.text import bpe
 from spark_jobs.training import tensorboard_log
@@ -94,6 +94,9 @@ def generate_ids(
         raise PipelineError(f"the prompt {settings.prompt!r} encodes to no tokens")
     # The model has tokenizer.vocab_size outputs; BPE may have learned fewer tokens, whose ids alone decode.
     known = tokenizer.get_vocab_size()
+    # Imported here: TensorFlow takes about 10 s to import, which --help and a refused argument need not wait for.
+    from spark_jobs.model import sampler
+
     new = sampler.decode(
         model,
         ids,

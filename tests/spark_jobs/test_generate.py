@@ -317,6 +317,24 @@ def test_cli_help_describes_the_command_line_not_the_stage():
     assert "--run-dir RUN_DIR continues generate.prompt" in " ".join(helped.stdout.split())  # the stage, as an aside
 
 
+# Reports, as the command exits, whether TensorFlow was imported.
+TENSORFLOW_IMPORTED = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: print('tensorflow imported:', 'tensorflow' in sys.modules))\n"
+    "from spark_jobs import generate\n"
+    "sys.exit(generate.cli(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--temperature", "0"]], ids=["help", "refused"])
+def test_help_and_a_refused_argument_answer_without_importing_tensorflow(args):
+    """TensorFlow takes seconds to import: the command line answers these at once."""
+    done = subprocess.run(
+        [sys.executable, "-c", TENSORFLOW_IMPORTED, *args], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert done.stdout.splitlines()[-1] == "tensorflow imported: False", done.stdout + done.stderr
+
+
 def test_cli_without_a_model_takes_the_newest_runs_in_the_lake(model_dir, tmp_path):
     config_file = tmp_path / "pipeline.yaml"
     config_file.write_text(
