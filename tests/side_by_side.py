@@ -22,15 +22,20 @@ FIXED_ADDRESS_FILES = {
     "tests/e2e/test_rehearsal.py": "the rehearsal's loopback nodes, 127.0.0.2 and 127.0.0.3",
     "tests/local_platform/test_rehearsal_cluster.py": "the rehearsal's loopback nodes, 127.0.0.2 and 127.0.0.3",
 }
-# Seconds each file took in a fresh clone's `make test` on 2 cores (docs/testing.md), for the
-# files of more than a minute. A guess is enough for a new one: it only orders the work.
+# Seconds each file took in a fresh clone's `make test` on 2 cores (2026-11-28; the compose test
+# building its images), for the longest files. A guess does for a new one: this
+# only orders the work.
 MINUTES = {
-    "tests/e2e/test_compose_stack.py": 300,
-    "tests/e2e/test_rehearsal.py": 470,
-    "tests/local_platform/test_rehearsal_cluster.py": 60,
-    "tests/e2e/test_ui_trigger.py": 250,
-    "tests/e2e/test_dag_local.py": 230,
-    "tests/spark_jobs/test_train.py": 200,
+    "tests/e2e/test_compose_stack.py": 700,
+    "tests/e2e/test_rehearsal.py": 540,
+    "tests/local_platform/test_rehearsal_cluster.py": 100,
+    "tests/e2e/test_dag_local.py": 285,
+    "tests/e2e/test_ui_trigger.py": 265,
+    "tests/dags/test_dag_emr.py": 260,
+    "tests/spark_jobs/test_train.py": 180,
+    "tests/spark_jobs/test_generate.py": 170,
+    "tests/spark_jobs/test_corpora.py": 170,
+    "tests/e2e/test_preprocess.py": 140,
 }
 
 

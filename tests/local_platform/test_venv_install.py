@@ -35,12 +35,12 @@ def test_uv_reads_the_package_sources_pip_is_configured_with_the_environment_fir
     ]  # fmt: skip
 
 
-def test_uv_tries_its_cache_alone_first_then_the_indexes_leaving_compiling_to_the_imports():
+def test_uv_tries_its_cache_alone_first_then_the_indexes_compiling_every_module():
     cache_only, online = uv_attempts(Path("/v"), Path("r.txt"), ["--find-links", "/w"])
     assert cache_only[:4] == ["/v/bin/uv", "pip", "install", "--offline"]
     assert "--offline" not in online
     for attempt in (cache_only, online):
-        assert "--compile-bytecode" not in attempt
+        assert "--compile-bytecode" in attempt
         assert attempt[-4:] == ["--find-links", "/w", "-r", "r.txt"]
         assert attempt[attempt.index("--python") + 1] == "/v/bin/python"
 
