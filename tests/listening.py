@@ -111,11 +111,18 @@ def free_port() -> int:
 
 
 def reachable_from_the_network(port: int, addresses: list[str]) -> list[str]:
-    """Those of this machine's own network `addresses` through which `port` accepts a connection."""
+    """Those of this machine's own network `addresses` through which `port` accepts a connection.
+    Each connection leaves from the address it goes to: one that is no longer this machine's (a
+    Docker network removed meanwhile) cannot be bound, so no connection leaves the machine, where
+    something else could answer it."""
     answered = []
     for address in addresses:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
         try:
-            with socket.create_connection((address, port), timeout=2):
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.settimeout(2)
+                probe.bind((address, 0))
+                probe.connect((address, port))
                 answered.append(address)
         except OSError:
             pass

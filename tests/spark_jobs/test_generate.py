@@ -274,24 +274,28 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
-def test_cli_prints_a_seeded_continuation(model_dir):
-    args = ["--model-dir", str(model_dir), "--prompt", "ROMEO:", "--max-new-tokens", "10", "--seed", "3"]
-    first, again = cli(*args), cli(*args)
-    assert first.returncode == 0, first.stderr
-    assert first.stdout.startswith("ROMEO:")
-    assert first.stdout == again.stdout
+SEEDED = ["--prompt", "ROMEO:", "--max-new-tokens", "10", "--seed", "3"]
 
 
-def test_cli_prints_control_characters_as_escapes(model_dir):
-    completed = cli("--model-dir", str(model_dir), "--prompt", "\x1b]0;owned\x07ROMEO:", "--max-new-tokens", "3")
+@pytest.fixture(scope="module")
+def seeded(model_dir) -> subprocess.CompletedProcess:
+    """The command's continuation of SEEDED, from the model folder: what the same seed gives again
+    (test_cli_prints_a_seeded_continuation) and a latest pointer to that model gives."""
+    return cli("--model-dir", str(model_dir), *SEEDED)
+
+
+def test_cli_prints_a_seeded_continuation(model_dir, seeded):
+    assert seeded.returncode == 0, seeded.stderr
+    assert seeded.stdout.startswith("ROMEO:")
+    assert seeded.stdout == cli("--model-dir", str(model_dir), *SEEDED).stdout
+
+
+def test_cli_prints_several_samples_with_control_characters_as_escapes(model_dir):
+    prompt = "\x1b]0;owned\x07ROMEO:"
+    completed = cli("--model-dir", str(model_dir), "--prompt", prompt, "--max-new-tokens", "3", "--num-samples", "2")
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.startswith("\\x1b]0;owned\\x07ROMEO:")
-
-
-def test_cli_prints_several_samples(model_dir):
-    completed = cli("--model-dir", str(model_dir), "--prompt", "ROMEO:", "--max-new-tokens", "5", "--num-samples", "2")
-    assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.count(SAMPLE_SEPARATOR) == 1 and completed.stdout.count("ROMEO:") == 2
+    assert completed.stdout.count(SAMPLE_SEPARATOR) == 1 and completed.stdout.count("\\x07ROMEO:") == 2
 
 
 def test_cli_rejects_bad_settings_by_name(model_dir):
@@ -360,8 +364,8 @@ def test_cli_without_a_model_takes_the_newest_runs_in_the_lake(model_dir, tmp_pa
     assert completed.stdout.startswith("ROMEO:")
 
 
-def test_cli_follows_a_latest_pointer_on_s3(model_dir):
-    options = ["--prompt", "ROMEO:", "--max-new-tokens", "10", "--seed", "4"]
+def test_cli_follows_a_latest_pointer_on_s3(model_dir, seeded):
+    options = SEEDED
     with LocalS3(buckets=("models",)) as s3:
         client = s3.client()
         for file in model_dir.iterdir():
@@ -375,7 +379,7 @@ def test_cli_follows_a_latest_pointer_on_s3(model_dir):
         broken = cli("--latest", "s3://models/runs/latest/broken.json", *options, env=s3.connection_env())
 
     assert followed.returncode == 0, followed.stderr
-    assert followed.stdout == cli("--model-dir", str(model_dir), *options).stdout
+    assert followed.stdout == seeded.stdout
     assert "model: s3://models/runs/plays-1/model/ (from s3://models/runs/latest/plays.json)" in followed.stderr
     assert missing.returncode == 2
     assert "no latest pointer at s3://models/runs/latest/poems.json" in missing.stderr
