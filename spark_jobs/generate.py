@@ -94,7 +94,7 @@ def generate_ids(
         raise PipelineError(f"the prompt {settings.prompt!r} encodes to no tokens")
     # The model has tokenizer.vocab_size outputs; BPE may have learned fewer tokens, whose ids alone decode.
     known = tokenizer.get_vocab_size()
-    # Imported here: TensorFlow takes about 10 s to import, which --help and a refused argument need not wait for.
+    # Imported here: TensorFlow takes seconds to import, which --help and a refused argument need not wait for.
     from spark_jobs.model import sampler
 
     new = sampler.decode(
