@@ -6,7 +6,7 @@ on the worker whose tests use it. Tests bind the ports they are given (tests/lis
 free_port), except the files below, which hold fixed addresses; they form one unit of work,
 which one worker runs a file after the other while the other worker works through the rest.
 
-The units are handed out longest first (MINUTES, then by number of tests as pytest-xdist does):
+The units are handed out longest first (LONG_FILE_SECONDS, then by number of tests as pytest-xdist does):
 a long file handed out last would leave the other worker idle for its whole length.
 """
 
@@ -24,7 +24,7 @@ FIXED_ADDRESS_FILES = {
 }
 # Seconds each file took in a fresh clone's `make test` on 2 cores (2026-11-28, the 25 slowest
 # tests' share, rounded), for the longest files. A guess does for a new one: this only orders the work.
-MINUTES = {
+LONG_FILE_SECONDS = {
     "tests/e2e/test_rehearsal.py": 420,
     "tests/local_platform/test_rehearsal_cluster.py": 100,
     "tests/e2e/test_compose_stack.py": 360,
@@ -46,12 +46,12 @@ def file_of(nodeid: str) -> str:
 
 
 def longest_first(nodeids: list[str]) -> list[str]:
-    """The tests grouped by unit, the units by their MINUTES, then by their number of tests,
+    """The tests grouped by unit, the units by their LONG_FILE_SECONDS, then by their number of tests,
     longest first; a unit's tests keep their order."""
     tests_of = Counter(unit_of(nodeid) for nodeid in nodeids)
     seconds_of = Counter()
     for path in {file_of(nodeid) for nodeid in nodeids}:
-        seconds_of[unit_of(path)] += MINUTES.get(path, 0)
+        seconds_of[unit_of(path)] += LONG_FILE_SECONDS.get(path, 0)
     units = sorted(tests_of, key=lambda unit: (-seconds_of[unit], -tests_of[unit]))
     rank = {unit: index for index, unit in enumerate(units)}
     return sorted(nodeids, key=lambda nodeid: rank[unit_of(nodeid)])

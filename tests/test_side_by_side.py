@@ -10,7 +10,7 @@ from pipeline.config import REPO_ROOT
 from tests.side_by_side import (
     FIXED_ADDRESS_FILES,
     FIXED_ADDRESSES,
-    MINUTES,
+    LONG_FILE_SECONDS,
     longest_first,
     pytest_collection_modifyitems,
     unit_of,
@@ -36,7 +36,7 @@ def test_each_fixed_address_file_exists():
 
 
 def test_each_timed_file_exists():
-    missing = [path for path in MINUTES if not (REPO_ROOT / path).is_file()]
+    missing = [path for path in LONG_FILE_SECONDS if not (REPO_ROOT / path).is_file()]
     assert not missing
 
 
