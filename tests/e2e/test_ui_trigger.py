@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 import boto3
 import pytest
-from selenium.common.exceptions import WebDriverException
+from selenium.common.exceptions import TimeoutException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -55,6 +55,7 @@ STARTUP_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 900
 API_TIMEOUT_S = 30
 TYPING_BURST = 16  # characters
+TYPING_ATTEMPTS = 3
 MAX_STEPS = 12  # the training budget set in the form (the default is 1500)
 SECTIONS = ["data", "model", "training", "generation", "other"]  # the form's, in order
 # train.learning_rate: gt=0, which Airflow's form does not show: the trigger is refused.
@@ -232,21 +233,33 @@ def unfold_section_of(driver: WebDriver, field: WebElement) -> None:
 
 
 def set_param(driver: WebDriver, form: WebElement, name: str, value) -> None:
-    """Replace a Param's value in the form, typing as a user would."""
+    """Replace a Param's value in the form, typing as a user would, and again as a user would when
+    the field does not show what was typed: the form re-renders as another field loses focus (a
+    number field pulling its value back into range), which can undo a keystroke."""
     field = form_field(form, name)
     unfold_section_of(driver, field)
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", field)
-    field.send_keys(Keys.CONTROL, "a")
-    field.send_keys(Keys.DELETE)
     text = str(value)
-    # Typed in short bursts, each waited for: the form re-renders while it validates, and a long
-    # value typed in one go loses a keystroke to that (around the 50th character).
+    for _ in range(TYPING_ATTEMPTS):
+        field.send_keys(Keys.CONTROL, "a")
+        field.send_keys(Keys.DELETE)
+        if shows_after_typing(driver, field, text):
+            return
+    raise AssertionError(
+        f"the form's {name} field shows {field.get_attribute('value')!r} after typing {text!r} {TYPING_ATTEMPTS} times"
+    )
+
+
+def shows_after_typing(driver: WebDriver, field: WebElement, text: str) -> bool:
+    """Type text in short bursts, each waited for: the form re-renders while it validates, and a
+    long value typed in one go loses a keystroke to that (around the 50th character)."""
     for end in range(TYPING_BURST, len(text) + TYPING_BURST, TYPING_BURST):
         field.send_keys(text[end - TYPING_BURST : end])
-        WebDriverWait(driver, 10).until(
-            lambda _, typed=text[:end]: field.get_attribute("value") == typed,
-            f"the form's {name} field does not show what was typed: {text[:end]!r}",
-        )
+        try:
+            WebDriverWait(driver, 5).until(lambda _, typed=text[:end]: field.get_attribute("value") == typed)
+        except TimeoutException:
+            return False
+    return True
 
 
 def see_values_out_of_range_refused(driver: WebDriver, form: WebElement, ui: AirflowUI) -> None:
