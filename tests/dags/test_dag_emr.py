@@ -26,6 +26,7 @@ import botocore.session
 import pytest
 import requests
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+from airflow.sdk.bases.sensor import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.core.exceptions import JsonRESTError
@@ -59,6 +60,9 @@ OVERRIDES = {
     "emr": {"log_uri": f"s3://{BUCKET}/emr-logs/", "code_prefix": f"s3://{BUCKET}/code/", "poke_interval_seconds": 1},
     "corpus_roots": [f"s3://{BUCKET}/corpus/"],
 }
+# The sensors' poke interval here, and the longest sleep of dag.test()'s loop, which sleeps a second
+# whenever only sensors waiting for their next poke are left: a run takes seconds, not half a minute.
+POKE_S = 0.2
 SONNET_LINE = b"Shall I compare thee to a summer's day?\n"
 TRAIN_STATS = {"final_val_loss": 4.2, "final_val_nats_per_char": 1.3}
 SMOKE_STATS = {
@@ -286,7 +290,7 @@ class Cluster(threading.Thread):
             self.train_started = time.monotonic()
             bucket, key = emr_code.split_s3_uri(lake.join(run_dir, run_folder.progress_path("train")))
             self.s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(TRAIN_PROGRESS).encode())
-        return time.monotonic() - self.train_started < 8  # a few pokes (1 s apart), with room for a busy machine
+        return time.monotonic() - self.train_started < 10 * POKE_S  # a few pokes, with room for a busy machine
 
     def __enter__(self):
         self.start()
@@ -321,6 +325,9 @@ def run_dag(
         dag.get_task(task_id).retry_delay = timedelta(0)  # the test need not wait a minute for a retry
     for stage_name in hanging if time_limit_s else ():  # only theirs: the others finish at any machine load
         dag.get_task(stage_name).timeout = time_limit_s
+    for sensor in dag.tasks:
+        if isinstance(sensor, BaseSensorOperator):
+            sensor.poke_interval = POKE_S
     played = Cluster(
         aws["s3"], failures, bad_input, hanging, slow_train, ends_with, ends_after, timed_out, start_s, bootstrap_error
     )
@@ -330,9 +337,14 @@ def run_dag(
         # frame on the stack: seconds of each run, testing nothing here.
         patch.setattr(botocore.session, "create_loader", functools.cache(botocore.loaders.create_loader))
         patch.setattr(AwsBaseHook, "_get_caller", lambda self, target_function_name="execute": "Unknown")
+        patch.setattr(time, "sleep", functools.partial(shorter_sleep, time.sleep))
         dag_run = dag.test(run_conf=form)
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     return dag_run, states, cluster.finished
+
+
+def shorter_sleep(sleep, seconds: float) -> None:
+    sleep(min(seconds, POKE_S))
 
 
 def asset_events(dag_run) -> list[tuple[str, dict]]:
@@ -368,7 +380,7 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     collect logs the run to MLflow (a SQLite store), and promote registers its model."""
     mlflow_store = f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
     monkeypatch.setenv("AIRFLOW_VAR_MLFLOW_TRACKING_URI", mlflow_store)
-    dag_run, states, finished = run_dag(aws, start_s=3, slow_train=True)
+    dag_run, states, finished = run_dag(aws, start_s=1, slow_train=True)
     config = load_config(overrides=OVERRIDES)
     run_id = run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}")
 
