@@ -113,7 +113,7 @@ check: venv
 # on two workers, a test file at a time, the files that hold fixed addresses one after the other
 # (tests/side_by_side.py). ARGS='-n 0' runs it in one process.
 test: check browser
-	$(BIN)/python -m pytest --part rest -n 3 --dist loadfile $(ARGS)
+	$(BIN)/python -m pytest --part rest -n 2 --dist loadfile $(ARGS)
 
 # The compose stack started on this machine (dockerd too, as root, when none runs), one small DAG
 # run triggered through Airflow's REST API and its record read from LocalStack; then the stack is
