@@ -365,7 +365,6 @@ def test_cli_without_a_model_takes_the_newest_runs_in_the_lake(model_dir, tmp_pa
 
 
 def test_cli_follows_a_latest_pointer_on_s3(model_dir, seeded):
-    options = SEEDED
     with LocalS3(buckets=("models",)) as s3:
         client = s3.client()
         for file in model_dir.iterdir():
@@ -374,9 +373,9 @@ def test_cli_follows_a_latest_pointer_on_s3(model_dir, seeded):
         client.put_object(Bucket="models", Key="runs/latest/plays.json", Body=json.dumps(pointer).encode())
         client.put_object(Bucket="models", Key="runs/latest/broken.json", Body=b"{}")
 
-        followed = cli("--latest", "s3://models/runs/latest/plays.json", *options, env=s3.connection_env())
-        missing = cli("--latest", "s3://models/runs/latest/poems.json", *options, env=s3.connection_env())
-        broken = cli("--latest", "s3://models/runs/latest/broken.json", *options, env=s3.connection_env())
+        followed = cli("--latest", "s3://models/runs/latest/plays.json", *SEEDED, env=s3.connection_env())
+        missing = cli("--latest", "s3://models/runs/latest/poems.json", *SEEDED, env=s3.connection_env())
+        broken = cli("--latest", "s3://models/runs/latest/broken.json", *SEEDED, env=s3.connection_env())
 
     assert followed.returncode == 0, followed.stderr
     assert followed.stdout == seeded.stdout
