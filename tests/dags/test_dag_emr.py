@@ -380,7 +380,7 @@ def test_run_creates_the_templated_cluster_runs_every_step_in_order_and_terminat
     collect logs the run to MLflow (a SQLite store), and promote registers its model."""
     mlflow_store = f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
     monkeypatch.setenv("AIRFLOW_VAR_MLFLOW_TRACKING_URI", mlflow_store)
-    dag_run, states, finished = run_dag(aws, start_s=1, slow_train=True)
+    dag_run, states, finished = run_dag(aws, start_s=3, slow_train=True)
     config = load_config(overrides=OVERRIDES)
     run_id = run_folder.safe_run_id(f"{config.run_name}-{dag_run.run_id}")
 
