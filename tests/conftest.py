@@ -49,6 +49,12 @@ from tests.subprocess_env import drop_outer_command  # noqa: E402
 
 # `make test ARGS=…` (or CORPUS, SET, PYTEST_ADDOPTS…) reaches no process a test starts.
 drop_outer_command(os.environ)
+# The JVMs that spark-submit starts for the tests (local Spark, the stages) compile with C1 alone: on
+# the tests' small inputs they live seconds, and C2's compiling costs more CPU than it gives back
+# (tests/e2e/test_preprocess.py: 76 CPU-seconds instead of 94). Not the pipeline's setting: Word2Vec
+# on the whole tinyshakespeare takes 4 times as long that way (docs/testing.md).
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [os.environ.get("SPARK_SUBMIT_OPTS"), QUICK_JIT]))
 
 from pipeline import run_folder  # noqa: E402
 from pipeline.config import SHARED_CORPUS, PipelineConfig  # noqa: E402
