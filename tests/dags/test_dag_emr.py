@@ -802,7 +802,7 @@ def refusal(aws, form: dict | None = None) -> str:
 
 
 def test_training_shards_too_big_for_the_core_node_volume_fail_before_any_cluster_exists(aws, emr_defaults):
-    amend_deployment(emr_defaults, {"data": {"stride": 1}, "emr": {"core_ebs_gb": 1}})
+    amend_deployment(emr_defaults, {"data": {"block_size": 128, "stride": 1}, "emr": {"core_ebs_gb": 1}})
     aws["s3"].put_object(Bucket=BUCKET, Key="corpus/sonnets.txt", Body=SONNET_LINE * 1_000_000)  # 40 MB
 
     assert (

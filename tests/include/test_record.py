@@ -61,7 +61,7 @@ def test_collect_copies_the_record_and_writes_the_report(s3, hook, tmp_path, lak
     )
     assert "Final validation loss: **2.5000 nats/token**, **0.9000 nats/char**." in text
     assert f"- corpus: {config.corpus[0]} (1 file): train 9,000 characters, 4,000 tokens, 60 windows; val 1,000" in text
-    assert "- model: 4 layers, 4 heads, width 128, 128 tokens of context, vocabulary 300: 123,456 parameters" in text
+    assert "- model: 4 layers, 4 heads, width 128, 64 tokens of context, vocabulary 300: 123,456 parameters" in text
     assert "- training: 40 steps on 2 workers, 5,123 tokens/s, 8 s\n" in text
     assert "| 20 | 3.1 | 2.7 | 1 | 0.002 |\n| 40 | 2.6 | 2.5 | 0.9 | 0.0002 |\n" in text
     assert report["evaluations"][-1] == {

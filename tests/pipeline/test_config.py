@@ -171,10 +171,10 @@ def test_cross_field_rules():
         load_config(overrides=["train.batch_size=33"])
     with pytest.raises(  # a larger stride would skip text
         ConfigError,
-        match=r"^invalid configuration: data.stride \(64\) must not exceed data.block_size \(32\): windows that far "
-        r"apart leave 32 token\(s\) between them that no window predicts; set data.stride=32 or less$",
+        match=r"^invalid configuration: data.stride \(32\) must not exceed data.block_size \(16\): windows that far "
+        r"apart leave 16 token\(s\) between them that no window predicts; set data.stride=16 or less$",
     ):
-        load_config(overrides=["data.block_size=32"])
+        load_config(overrides=["data.block_size=16"])
     assert load_config(overrides=["data.block_size=32", "data.stride=32"]).data.stride == 32
     with pytest.raises(ConfigError, match="embedding.dim .* divisible by model.n_head"):
         load_config(overrides=["model.n_head=5"])

@@ -60,7 +60,7 @@ def test_the_activations_grow_with_the_mlps_width():
 
 
 def test_a_model_too_big_for_a_worker_is_refused_naming_the_settings():
-    config = load_config(overrides=["data.block_size=4096", "train.batch_size=32"])
+    config = load_config(overrides=["tokenizer.vocab_size=2048", "data.block_size=4096", "train.batch_size=32"])
     with pytest.raises(ConfigError) as error:
         memory.check_training_fits(config, 11_000, "on this machine")
     message = str(error.value)

@@ -62,7 +62,7 @@ def test_a_matching_manifest_is_accepted(run_with):
     [
         (manifest(block_size=64), "block_size 64 differs from data.block_size 32"),
         (manifest(shards=3), "3 train shards cannot be split evenly across 2 workers"),
-        (manifest(windows=5), "the train split has 5 windows, fewer than train.batch_size 24"),
+        (manifest(windows=5), "the train split has 5 windows, fewer than train.batch_size 32"),
         (manifest(val_windows=3), "the val split has 3 windows, fewer than its 4 shards, so some of the 2 workers"),
         ({"block_size": 32}, "lacks vocab_size, num_shards, splits"),
         (
