@@ -776,7 +776,7 @@ def test_a_corpus_too_small_for_a_window_fails_before_any_cluster_exists(airflow
 
     logged = "".join(capfd.readouterr())
     assert (
-        "PipelineError: the corpus holds 40 bytes, so at most 40 tokens, and a window needs data.block_size + 1 = 129"
+        "PipelineError: the corpus holds 40 bytes, so at most 40 tokens, and a window needs data.block_size + 1 = 65"
         in logged
     )
     assert dag_run.state == "failed" and states["validate_config"] == "failed"
