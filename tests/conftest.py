@@ -49,12 +49,31 @@ from tests.subprocess_env import drop_outer_command  # noqa: E402
 
 # `make test ARGS=…` (or CORPUS, SET, PYTEST_ADDOPTS…) reaches no process a test starts.
 drop_outer_command(os.environ)
-# The JVMs that spark-submit starts for the tests (local Spark, the stages) compile with C1 alone: on
-# the tests' small inputs they live seconds, and C2's compiling costs more CPU than it gives back
-# (tests/e2e/test_preprocess.py: 76 CPU-seconds instead of 94). Not the pipeline's setting: Word2Vec
-# on the whole tinyshakespeare takes 4 times as long that way (docs/testing.md).
+# Every JVM the tests start (local Spark, the stages, the rehearsal's master, workers and executors)
+# compiles with C1 alone: on the tests' small inputs a JVM lives seconds, and C2's compiling costs
+# more CPU than it gives back (tests/local_platform/test_rehearsal_cluster.py: 53 CPU-seconds instead
+# of 72). Not the pipeline's setting: Word2Vec on the whole tinyshakespeare takes 4 times as long that
+# way (docs/testing.md).
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
-os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [os.environ.get("SPARK_SUBMIT_OPTS"), QUICK_JIT]))
+# The XLA programs TensorFlow compiles (the train and evaluation steps) are kept in a folder the whole
+# test session shares, so a training of a shape an earlier test compiled loads it instead (the train
+# stage on the tests' small model: 22 CPU-seconds instead of 26). Made once, by the pytest-xdist
+# controller, whose workers inherit it.
+XLA_CACHE_SETTING = "GPT_PIPELINE_TEST_XLA_CACHE"
+
+
+def add_option(name: str, option: str) -> None:
+    """Add an option to a space-separated setting of the environment, once."""
+    options = os.environ.get(name, "").split()
+    if option not in options:
+        os.environ[name] = " ".join([*options, option])
+
+
+add_option("JAVA_TOOL_OPTIONS", QUICK_JIT)
+if XLA_CACHE_SETTING not in os.environ:
+    os.environ[XLA_CACHE_SETTING] = tempfile.mkdtemp(prefix="gpt-pipeline-test-xla-")
+    atexit.register(shutil.rmtree, os.environ[XLA_CACHE_SETTING], ignore_errors=True)
+add_option("TF_XLA_FLAGS", f"--tf_xla_persistent_cache_directory={os.environ[XLA_CACHE_SETTING]}")
 
 from pipeline import run_folder  # noqa: E402
 from pipeline.config import SHARED_CORPUS, PipelineConfig  # noqa: E402

@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 
 import pytest
 
@@ -48,10 +49,7 @@ def test_a_second_command_is_refused_while_another_holds_the_home(tmp_path, monk
 
 @pytest.mark.timeout(900)  # waits up to 600 s for a stage to start, then migrates Airflow's database
 @pytest.mark.slow
-@pytest.mark.parametrize("dag_serialized", [True, False], ids=["dag", "dag-gone"])
-def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(
-    tmp_path, shakespeare_slice, dag_serialized
-):
+def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(tmp_path, shakespeare_slice):
     home, log = tmp_path / "home", tmp_path / "make-run.log"
     process = start_make_run(home, shakespeare_slice, log)
     wait_for_a_running_stage(process, log, home)
@@ -60,14 +58,20 @@ def test_runs_a_killed_command_left_unfinished_are_failed_by_the_next_command(
     assert run_states(home) == ["running"]
     left = [path.name for path in (home / "tmp").iterdir()]  # in the home, not in /tmp
     assert any(name.startswith("gpt-pipeline-code-") for name in left), left  # the stage's code, with Spark's folders
-    if not dag_serialized:  # e.g. the DAG file was removed since: the run's state is set alone
-        with sqlite3.connect(home / "airflow.db") as db:
-            db.execute("DELETE FROM serialized_dag")
+    # The same database where the DAG file was removed since: the run's state is set alone.
+    dag_gone = tmp_path / "dag-gone"
+    dag_gone.mkdir()
+    with closing(sqlite3.connect(dag_gone / "airflow.db")) as db:
+        with closing(sqlite3.connect(home / "airflow.db")) as source:
+            source.backup(db)
+        db.execute("DELETE FROM serialized_dag")
+        db.commit()
 
     with LocalS3() as s3:
-        airflow_home.prepare(home, s3)  # how `make run` and `make airflow` start
-    assert run_states(home) == ["failed"]
-    assert airflow_home.unfinished_runs(home) == []
+        for next_home in (home, dag_gone):
+            airflow_home.prepare(next_home, s3)  # how `make run` and `make airflow` start
+            assert run_states(next_home) == ["failed"], next_home
+            assert airflow_home.unfinished_runs(next_home) == []
     assert list((home / "tmp").iterdir()) == [], "the next command starts with an empty scratch folder"
 
 
