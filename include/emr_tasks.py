@@ -31,7 +31,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from include import emr_cluster, emr_code, emr_cost, emr_steps, wheelhouse
 from include.record import StoredRun, check_bucket
-from pipeline import run_folder
+from pipeline import run_folder, stages
 from pipeline.config import PipelineConfig
 from pipeline.stages import EMR_STEP_NAMES
 from spark_jobs.training import memory
@@ -240,7 +240,7 @@ class EmrStageSensor(EmrStepSensor):
             self.check_time_limit()
             self.report_stage_error()
             raise
-        if not done:
+        if not done and stages.by_name(self.stage).reports_progress:
             self.report_progress()
         return done
 

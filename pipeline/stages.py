@@ -47,6 +47,9 @@ class Stage:
       which may read an s3:// corpus, could not run there).
     `whole_node_executors`: on EMR each of its executors owns a whole core node, most of whose memory
       is left to the executor's Python workers (include/emr_steps.py); the others get Spark's sizes.
+    `reports_progress`: while it runs it keeps a progress file in the run folder (run_folder.progress_path),
+      which the EMR target's task logs at each poke of its step; a stage without one costs no poke a
+      read of the run folder.
     `time_limit`: what its EMR step's time limit is (include/emr_steps.py): "fixed", emr.step_timeout_minutes;
       "training_budget", that plus the training's steps and evaluation batches at emr.train_seconds_per_step;
       "short", a few minutes whatever the settings.
@@ -62,6 +65,7 @@ class Stage:
     barrier: bool = False
     contained: bool = False
     whole_node_executors: bool = False
+    reports_progress: bool = False
     time_limit: Literal["fixed", "training_budget", "short"] = "fixed"
 
 
@@ -128,6 +132,7 @@ STAGES: tuple[Stage, ...] = (
         barrier=True,
         contained=True,
         whole_node_executors=True,
+        reports_progress=True,
         time_limit="training_budget",
     ),
     Stage(

@@ -3,6 +3,8 @@ only when its try has none to wait on, and logs the training's progress."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from include import emr_tasks
@@ -94,3 +96,22 @@ def test_training_progress_reads_as_a_line_of_the_task_log():
         "step 40 of 300 (13%), loss 4.5000, 25,474 tokens/s, under a minute left (at 2026-11-22T10:00:00Z)"
     )
     assert "about 2 min left" in emr_tasks.describe_progress({**progress, "seconds_left": 130})
+
+
+@pytest.mark.parametrize("stage, reads_progress", [("train", True), ("window", False), ("smoke", False)])
+def test_a_waiting_stage_task_reads_the_progress_of_a_stage_that_keeps_one_only(stage, reads_progress, monkeypatch):
+    """Each poke that reads the run folder makes an S3 client, most of a poke's CPU: a stage that
+    keeps no progress file costs its pokes none."""
+    sensor = emr_tasks.EmrStageSensor(
+        task_id=stage,
+        stage=stage,
+        step={"Name": stage, "HadoopJarStep": {}},
+        run_dir="s3://lake/runs/r",
+        job_flow_id="j-1",
+    )
+    sensor.__dict__["hook"] = FakeEmr([(stage, "RUNNING")])
+    monkeypatch.setattr(emr_tasks.EmrStepSensor, "poke", lambda self, context: False)  # the step still runs
+    read = []
+    sensor.report_progress = lambda: read.append(stage)
+    assert sensor.poke({"ti": SimpleNamespace(try_number=1)}) is False
+    assert read == ([stage] if reads_progress else [])

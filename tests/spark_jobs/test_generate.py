@@ -274,6 +274,16 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
+def cli_here(capsys, *args: str) -> subprocess.CompletedProcess:
+    """The command line in this process, whose TensorFlow is imported already: `cli` starts a
+    TensorFlow process of its own for each call (seconds of CPU), which the tests of the command as
+    a process (`seeded`, --help) do once."""
+    capsys.readouterr()
+    code = generate_module.cli(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
 SEEDED = ["--prompt", "ROMEO:", "--max-new-tokens", "10", "--seed", "3"]
 
 
@@ -290,9 +300,10 @@ def test_cli_prints_a_seeded_continuation(model_dir, seeded):
     assert seeded.stdout == cli("--model-dir", str(model_dir), *SEEDED).stdout
 
 
-def test_cli_prints_several_samples_with_control_characters_as_escapes(model_dir):
+def test_cli_prints_several_samples_with_control_characters_as_escapes(model_dir, capsys):
     prompt = "\x1b]0;owned\x07ROMEO:"
-    completed = cli("--model-dir", str(model_dir), "--prompt", prompt, "--max-new-tokens", "3", "--num-samples", "2")
+    args = ["--model-dir", str(model_dir), "--prompt", prompt, "--max-new-tokens", "3", "--num-samples", "2"]
+    completed = cli_here(capsys, *args)
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.startswith("\\x1b]0;owned\\x07ROMEO:")
     assert completed.stdout.count(SAMPLE_SEPARATOR) == 1 and completed.stdout.count("\\x07ROMEO:") == 2
@@ -304,14 +315,14 @@ def test_cli_rejects_bad_settings_by_name(model_dir):
     assert "generate.temperature: must be above 0; strategy greedy takes the most likely token" in completed.stderr
 
 
-def test_cli_slides_the_window_as_asked(model_dir):
+def test_cli_slides_the_window_as_asked(model_dir, capsys):
     args = ["--model-dir", str(model_dir), "--prompt", "ROMEO:", "--max-new-tokens", "12", "--strategy", "greedy"]
-    completed = cli(*args, "--window-slide", "4")
+    completed = cli_here(capsys, *args, "--window-slide", "4")
     assert completed.returncode == 0, completed.stderr
     model, tokenizer = load_model(str(model_dir))
     options = settings(prompt="ROMEO:", max_new_tokens=12, strategy="greedy")
     assert completed.stdout == printable(reference_generate(model, tokenizer, options, window_slide=4)) + "\n"
-    too_wide = cli(*args, "--window-slide", "9")
+    too_wide = cli_here(capsys, *args, "--window-slide", "9")
     assert too_wide.returncode == 2 and "--window-slide 9: must be between 1 and the block size 8" in too_wide.stderr
 
 
@@ -339,13 +350,13 @@ def test_help_and_a_refused_argument_answer_without_importing_tensorflow(args):
     assert done.stdout.splitlines()[-1] == "tensorflow imported: False", done.stdout + done.stderr
 
 
-def test_cli_without_a_model_takes_the_newest_runs_in_the_lake(model_dir, tmp_path):
+def test_cli_without_a_model_takes_the_newest_runs_in_the_lake(model_dir, tmp_path, monkeypatch, capsys):
     config_file = tmp_path / "pipeline.yaml"
     config_file.write_text(
         yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"lake": str(tmp_path / "lake")}))
     )
-    env = {"GPT_PIPELINE_CONFIG": str(config_file)}
-    empty = cli(env=env)  # a bare call is the command line's, not the stage's
+    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(config_file))
+    empty = cli_here(capsys)  # a bare call is the command line's, not the stage's
     assert (
         empty.returncode == 2
         and f"no run in {tmp_path / 'lake' / 'runs'} has a model yet: run `make run`" in empty.stderr
@@ -358,13 +369,13 @@ def test_cli_without_a_model_takes_the_newest_runs_in_the_lake(model_dir, tmp_pa
             tmp_path / "lake" / run_folder.RUNS_FOLDER / run / run_folder.MODEL_FOLDER / run_folder.MODEL_FILE,
             (stamp, stamp),
         )
-    completed = cli("--prompt", "ROMEO:", "--max-new-tokens", "5", env=env)
+    completed = cli_here(capsys, "--prompt", "ROMEO:", "--max-new-tokens", "5")
     assert completed.returncode == 0, completed.stderr
     assert f"model: {tmp_path / 'lake' / 'runs' / 'newer' / 'model'} (the newest run's)" in completed.stderr
     assert completed.stdout.startswith("ROMEO:")
 
 
-def test_cli_follows_a_latest_pointer_on_s3(model_dir, seeded):
+def test_cli_follows_a_latest_pointer_on_s3(model_dir, seeded, monkeypatch, capsys):
     with LocalS3(buckets=("models",)) as s3:
         client = s3.client()
         for file in model_dir.iterdir():
@@ -373,9 +384,11 @@ def test_cli_follows_a_latest_pointer_on_s3(model_dir, seeded):
         client.put_object(Bucket="models", Key="runs/latest/plays.json", Body=json.dumps(pointer).encode())
         client.put_object(Bucket="models", Key="runs/latest/broken.json", Body=b"{}")
 
-        followed = cli("--latest", "s3://models/runs/latest/plays.json", *SEEDED, env=s3.connection_env())
-        missing = cli("--latest", "s3://models/runs/latest/poems.json", *SEEDED, env=s3.connection_env())
-        broken = cli("--latest", "s3://models/runs/latest/broken.json", *SEEDED, env=s3.connection_env())
+        for name, value in s3.connection_env().items():
+            monkeypatch.setenv(name, value)
+        followed = cli_here(capsys, "--latest", "s3://models/runs/latest/plays.json", *SEEDED)
+        missing = cli_here(capsys, "--latest", "s3://models/runs/latest/poems.json", *SEEDED)
+        broken = cli_here(capsys, "--latest", "s3://models/runs/latest/broken.json", *SEEDED)
 
     assert followed.returncode == 0, followed.stderr
     assert followed.stdout == seeded.stdout
