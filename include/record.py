@@ -57,11 +57,12 @@ class StoredRun:
         self.name = posixpath.basename(self.uri)
 
     def files(self) -> list[str]:
-        """Paths of every file in the folder, relative to it."""
+        """Paths of every file in the folder, relative to it. On S3, not the empty objects named
+        after a folder (`model/hf/`) that pyarrow's file system leaves as it makes one: no file."""
         if self.uri.startswith("s3://"):
             bucket, prefix = self.hook.parse_s3_url(self.uri)
             keys = self.hook.list_keys(bucket_name=bucket, prefix=prefix + "/") or []
-            return sorted(key[len(prefix) + 1 :] for key in keys)
+            return sorted(key[len(prefix) + 1 :] for key in keys if not key.endswith("/"))
         return [posixpath.relpath(uri, self.uri) for uri in lake.list_files(self.uri)]
 
     def has(self, relative: str) -> bool:

@@ -294,6 +294,10 @@ def test_the_record_and_the_latest_pointer_are_on_s3(rehearsed):
     assert report["s3_uri"].startswith(f"s3://{rehearsed['config'].s3.bucket}/")
     assert rehearsed["pointer"]["model"] == report["s3_uri"] + "model/"
     assert report["emr"]["cluster_id"] == rehearsed["cluster"]["Id"]
+    # collect tracked it in MLflow, model included: the folder markers pyarrow leaves in an S3 lake
+    # (`model/hf/`) stopped that once.
+    full = rehearsed["log"].read_text()
+    assert "MLflow: run " in full and "was not tracked" not in full
 
 
 def test_a_corpus_that_is_not_utf8_fails_the_run_with_the_stages_message_and_the_cluster_ends(tmp_path, shakespeare):

@@ -12,10 +12,11 @@ from mlflow import MlflowClient
 
 from include import tracking
 from include.promote import promote_record
-from include.record import StoredRun
+from include.record import StoredRun, collect_record
 from pipeline import run_folder
 from pipeline.config_files import load_config
-from tests.include.records import collected_run
+from pipeline.stages import STAGE_NAMES
+from tests.include.records import LAKE_BUCKET, collected_run, finished_run, run_files
 
 AIRFLOW_RUN = {"dag_id": "gpt_pipeline", "run_id": "manual__2026-11-27T12:00:00+00:00"}
 
@@ -60,6 +61,22 @@ def test_collect_logs_the_runs_settings_figures_report_and_model(s3, hook, tmp_p
     assert sorted(path.name for path in (artifacts / "model").iterdir()) == ["config.json", "model.safetensors"]
     # Beside the store, not in the task's working directory.
     assert run.info.artifact_uri.startswith((tmp_path / "mlflow" / "artifacts").as_uri())
+
+
+def test_a_run_folder_on_s3_with_folder_markers_is_collected_and_its_model_logged(s3, hook, tmp_path, store):
+    """pyarrow's S3 file system leaves an empty object named after a folder it makes (`model/hf/`),
+    as an EMR run's stages write the lake: a marker is no file, to copy or to download."""
+    config = load_config(overrides=[{"lake": f"s3://{LAKE_BUCKET}/lake", "target": "emr"}, "run_name=books"])
+    run_dir = run_folder.run_dir(config, "marked-1")
+    markers = {f"{run_folder.MODEL_FOLDER}/": b"", f"{run_folder.MODEL_HF_PATH}/": b""}
+    finished_run(s3, run_dir, run_files(config.to_json()) | markers)
+    assert not [path for path in StoredRun(run_dir, hook).files() if path.endswith("/")]
+    report = collect_record(run_dir, hook, STAGE_NAMES)
+    tracked = tracking.track_collected_run(config, report, hook, AIRFLOW_RUN)
+    assert tracked is not None
+    artifacts = tmp_path / "downloaded"
+    MlflowClient(store).download_artifacts(tracked["run_id"], "model", str(artifacts))
+    assert sorted(path.name for path in (artifacts / "model").iterdir()) == ["config.json", "model.safetensors"]
 
 
 def test_a_collect_retried_after_logging_logs_the_record_once(s3, hook, tmp_path, store):
