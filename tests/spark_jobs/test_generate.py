@@ -355,8 +355,9 @@ def test_cli_without_a_model_takes_the_newest_runs_in_the_lake(model_dir, tmp_pa
     config_file.write_text(
         yaml.safe_dump(apply_overrides(read_yaml(DEFAULT_CONFIG_PATH), {"lake": str(tmp_path / "lake")}))
     )
-    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(config_file))
-    empty = cli_here(capsys)  # a bare call is the command line's, not the stage's
+    # A bare call of the module is the command line's, not the stage's (its entry point tells them
+    # apart), so this one runs as a process of its own.
+    empty = cli(env={"GPT_PIPELINE_CONFIG": str(config_file)})
     assert (
         empty.returncode == 2
         and f"no run in {tmp_path / 'lake' / 'runs'} has a model yet: run `make run`" in empty.stderr
@@ -369,6 +370,7 @@ def test_cli_without_a_model_takes_the_newest_runs_in_the_lake(model_dir, tmp_pa
             tmp_path / "lake" / run_folder.RUNS_FOLDER / run / run_folder.MODEL_FOLDER / run_folder.MODEL_FILE,
             (stamp, stamp),
         )
+    monkeypatch.setenv("GPT_PIPELINE_CONFIG", str(config_file))
     completed = cli_here(capsys, "--prompt", "ROMEO:", "--max-new-tokens", "5")
     assert completed.returncode == 0, completed.stderr
     assert f"model: {tmp_path / 'lake' / 'runs' / 'newer' / 'model'} (the newest run's)" in completed.stderr
