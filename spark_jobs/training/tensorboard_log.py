@@ -14,6 +14,7 @@ need the tensorboard package (on EMR nodes either), only its viewer does.
 from __future__ import annotations
 
 import posixpath
+import re
 import shutil
 import tempfile
 
@@ -38,6 +39,7 @@ VAL_NATS_PER_CHAR = "loss/val_nats_per_char"
 SAMPLES = "samples"
 # The end of the generate stage's event file names, so that running it again replaces its file.
 SAMPLES_SUFFIX = ".samples.v2"
+MARKDOWN_LINE_ENDING = re.compile(r"\r\n|\r|\n")
 
 
 def folder_uri(run: str) -> str:
@@ -135,6 +137,7 @@ def write_samples(run: str, step: int, samples: list[str]) -> None:
 
 
 def samples_markdown(samples: list[str]) -> str:
-    """TensorBoard renders text as Markdown: each sample as a code block keeps its lines and characters."""
-    blocks = ["\n".join("    " + line for line in sample.split("\n")) for sample in samples]
+    """TensorBoard renders text as Markdown: each sample as a code block keeps its lines and characters.
+    Every Markdown line ending (\\n, \\r, \\r\\n) starts an indented line: a bare \\r would end the block."""
+    blocks = ["\n".join("    " + line for line in MARKDOWN_LINE_ENDING.split(sample)) for sample in samples]
     return "\n\n---\n\n".join(blocks)

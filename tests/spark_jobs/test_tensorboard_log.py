@@ -62,3 +62,8 @@ def test_the_samples_are_one_text_summary_that_generating_again_replaces(folder)
     # Code blocks: TensorBoard's Markdown keeps the lines, their indent and the '*' as they are.
     assert samples == [{40: "    ROMEO:\n      *Hark* again\n\n---\n\n    JULIET: yes"}]
     assert len(events) == 2 and lake.exists(tensorboard_log.folder_uri(folder))
+
+
+def test_a_sample_keeps_every_line_in_its_code_block_whatever_ends_the_line():
+    markdown = tensorboard_log.samples_markdown(["ROMEO:\rHark\r\nno\nmore"])
+    assert markdown == "    ROMEO:\n    Hark\n    no\n    more"
