@@ -8,6 +8,9 @@ BIN := $(VENV)/bin
 CORPUS ?=
 SET ?=
 ARGS ?=
+# pytest-xdist workers: one per core and one more, as the tests often wait on a process (a JVM's or
+# Airflow's start, a healthcheck, a poll) and a core would sit idle (docs/testing.md).
+TEST_WORKERS := $(shell echo $$(( $$(nproc) + 1 )))
 # What `make tensorboard` shows: a run folder, or the folder of every run.
 RUN ?= lake/runs
 # VERBOSE=1: all of Airflow's, Spark's and TensorFlow's output on the console, not only in the log.
@@ -102,18 +105,18 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; }
 
 # The inner loop: lint, format, and the tests marked none of slow, spark, tensorflow, airflow, pip
-# (tests/layers.py), on one pytest-xdist worker per core. ARGS narrows it: a file, -k, -x, another
+# (tests/layers.py), on TEST_WORKERS pytest-xdist workers. ARGS narrows it: a file, -k, -x, another
 # -m; ARGS='-n 0' runs it in one process (for pdb).
 check: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest --part check -n auto $(ARGS)
+	$(BIN)/python -m pytest --part check -n $(TEST_WORKERS) $(ARGS)
 
 # check first, so that a lint error or a broken unit shows in minutes; then the rest of the suite
-# on two workers, a test file at a time, the files that hold fixed addresses one after the other
+# on TEST_WORKERS workers, a test file at a time, the files that hold fixed addresses one after the other
 # (tests/side_by_side.py). ARGS='-n 0' runs it in one process.
 test: check browser
-	$(BIN)/python -m pytest --part rest -n 2 --dist loadfile $(ARGS)
+	$(BIN)/python -m pytest --part rest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 # The compose stack started on this machine (dockerd too, as root, when none runs), one small DAG
 # run triggered through Airflow's REST API and its record read from LocalStack; then the stack is

@@ -1,13 +1,14 @@
 """Which tests may run beside each other on pytest-xdist's workers, and in which order.
 
-`make test` runs the rest part on two workers with `--dist loadfile`: a worker takes a whole test
-file at a time, so that a module's fixture (a DAG run, a trained model, a rehearsal) is made once,
-on the worker whose tests use it. Tests bind the ports they are given (tests/listening.py's
-free_port), except the files below, which hold fixed addresses; they form one unit of work,
-which one worker runs a file after the other while the other worker works through the rest.
+`make test` runs the rest part on the Makefile's TEST_WORKERS workers with `--dist loadfile`: a
+worker takes a whole test file at a time, so that a module's fixture (a DAG run, a trained model, a
+rehearsal) is made once, on the worker whose tests use it. Tests bind the ports they are given
+(tests/listening.py's free_port), except the files below, which hold fixed addresses; they form one
+unit of work, which one worker runs a file after the other while the other workers work through
+the rest.
 
-The units are handed out longest first (LONG_FILE_SECONDS, then by number of tests as pytest-xdist does):
-a long file handed out last would leave the other worker idle for its whole length.
+The units are handed out longest first (LONG_FILE_SECONDS, then by number of tests as pytest-xdist
+does): a long file handed out last would leave the other workers idle for its whole length.
 """
 
 from __future__ import annotations
