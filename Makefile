@@ -113,8 +113,8 @@ check: venv
 	$(BIN)/python -m pytest --part check -n $(TEST_WORKERS) $(ARGS)
 
 # check first, so that a lint error or a broken unit shows in minutes; then the rest of the suite
-# on TEST_WORKERS workers, a test file at a time, the files that hold fixed addresses one after the other
-# (tests/side_by_side.py). ARGS='-n 0' runs it in one process.
+# on TEST_WORKERS workers, a test file at a time, the files that hold fixed addresses one after the
+# other (tests/side_by_side.py). ARGS='-n 0' runs it in one process.
 test: check browser
 	$(BIN)/python -m pytest --part rest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
