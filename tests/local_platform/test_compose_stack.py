@@ -24,6 +24,9 @@ def test_the_override_swaps_the_pulled_images_and_moves_only_the_output_folders(
     assert "airflow-scheduler" in mounting and "create-bucket" not in mounting
     for name in mounting:
         assert override[name]["volumes"] == [f"{tmp_path / 'lake'}:{OUTPUTS[0]}", f"{tmp_path / 'logs'}:{OUTPUTS[1]}"]
+    # The service that runs the tasks starts their JVMs with C1 alone, and keeps its mounts.
+    assert override["airflow-scheduler"]["environment"] == {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1"}
+    assert {name for name, spec in override.items() if "environment" in spec} == {"airflow-scheduler"}
 
 
 def test_every_standin_is_built_on_its_debootstrap_base():
