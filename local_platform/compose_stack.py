@@ -314,17 +314,16 @@ class Compose:
 
 # The scheduler runs the tasks (LocalExecutor), and so the stages' JVMs. On the test's small run a
 # JVM lives seconds and C2's compiling costs more than it gives back: C1 alone, as every JVM the
-# test suite starts (tests/conftest.py); 20 of the scheduler's 124 CPU-seconds. A stack that trains
-# on a real corpus keeps the JVM's default.
-TASK_JVM_OPTIONS = {"airflow-scheduler": {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1"}}
+# test suite starts (tests/conftest.py; docs/docker.md). A stack that trains on a real corpus keeps
+# the JVM's default.
+TASK_JVM_ENVIRONMENT = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1"}
 
 
 def override_services(services: dict, workdir: Path) -> dict:
     """The compose override: stand-in images, lake/, logs/ under workdir (same container paths),
-    and the task JVMs' options."""
+    and the scheduler's task JVMs' options."""
     override: dict = {name: {"image": STANDINS[name][0]} for name in ("postgres", "localstack")}
-    for name, variables in TASK_JVM_OPTIONS.items():
-        override[name] = {"environment": variables}
+    override["airflow-scheduler"] = {"environment": TASK_JVM_ENVIRONMENT}
     outputs = {"/opt/airflow/lake": workdir / "lake", "/opt/airflow/logs": workdir / "logs"}
     for name, spec in services.items():
         parts = {part for volume in spec.get("volumes", []) for part in str(volume).split(":")}
